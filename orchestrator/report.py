@@ -1,0 +1,94 @@
+"""What the sweep prints: the plan, progress lines, and the summary table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+@dataclass
+class Outcome:
+    """Where one variant stands, and what the summary shows of it."""
+
+    name: str
+    status: str = "planned"  # planned | running | ok | failed | skipped
+    run_id: str | None = None
+    shapes: dict[str, list[int]] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    stage: str | None = None
+    error: str | None = None
+    unstable: bool = False
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ("ok", "failed", "skipped")
+
+
+def shapes_text(shapes: dict[str, list[int]]) -> str:
+    """input_ids[1,128] | input_ids[1,1] pos[1] kv 4x[1,2,136,16]."""
+
+    def dims(s: list[int]) -> str:
+        return "[" + ",".join(map(str, s)) + "]"
+
+    past = [s for n, s in shapes.items() if n.startswith("past_key_values.")]
+    parts = [
+        f"{'pos' if n == 'cache_position' else n}{dims(s)}" for n, s in shapes.items() if not n.startswith("past_")
+    ]
+    if past:
+        parts.append(f"kv {len(past)}x{dims(past[0])}")
+    return " ".join(parts)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def status_text(o: Outcome) -> str:
+    if o.status == "ok":
+        cv = o.metrics.get("latency_cv", 0.0)
+        return f"ok, unstable (cv {cv:.0%})" if o.unstable else "ok"
+    if o.status == "failed":
+        return f"FAILED {o.stage}: {o.error}"
+    if o.status == "skipped":
+        return f"skipped: {o.error}"
+    return o.status
+
+
+def parity_text(m: dict[str, float]) -> str:
+    if "parity_max_abs_diff" not in m:
+        return "-"
+    steps = int(m.get("parity_steps", 1))
+    return f"{m['parity_max_abs_diff']:.1e} ({steps} step{'s' if steps > 1 else ''})"
+
+
+def summary_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
+    return [
+        {
+            "variant": o.name,
+            "inputs": shapes_text(o.shapes) or "-",
+            "median_ms": _fmt(o.metrics.get("latency_ms_median"), ".3f"),
+            "p90_ms": _fmt(o.metrics.get("latency_ms_p90"), ".3f"),
+            "tokens_per_s": _fmt(o.metrics.get("tokens_per_s"), ",.0f"),
+            "parity_max_diff": parity_text(o.metrics),
+            "status": status_text(o),
+        }
+        for o in outcomes
+    ]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no variants)"
+    cols = list(rows[0])
+    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    right = {"median_ms", "p90_ms", "tokens_per_s"}
+
+    def line(r: dict[str, Any]) -> str:
+        return "  ".join(str(r[c]).rjust(width[c]) if c in right else str(r[c]).ljust(width[c]) for c in cols).rstrip()
+
+    header = {c: c for c in cols}
+    return "\n".join([line(header), "  ".join("-" * width[c] for c in cols), *map(line, rows)])

@@ -1,0 +1,188 @@
+"""Ray: start or join, per-task resources, one benchmark per node, timeouts, retries.
+
+Exports run on one CPU each. A CPU benchmark asks for the node's bench slot (the custom
+resource `phasesweep_bench`, one per node) and for as many CPUs as it uses threads, so
+two CPU benchmarks never share a node and no export runs beside one on its cores. A CUDA
+benchmark asks for one GPU. Each benchmark runs in a fresh worker process (max_calls=1).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.config import ClusterCfg, ConfigError
+from tasks.specs import Failure
+
+BENCH_RESOURCE = "phasesweep_bench"
+# environment for a local Ray: every server on loopback, no usage reporting
+LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _export_entry(spec):
+    from tasks.jobs import export_job  # heavy imports happen on the worker
+
+    return export_job(spec)
+
+
+def _bench_entry(spec):
+    from tasks.jobs import bench_job
+
+    return bench_job(spec)
+
+
+@dataclass
+class _Task:
+    kind: str  # "export" | "bench"
+    key: str  # export key or variant name
+    spec: Any
+    options: dict[str, Any]
+    pool: str  # which capacity it counts against: "cpu", "bench_cpu", "bench_gpu"
+    ref: Any = None
+    started: float = 0.0
+
+
+@dataclass
+class Capacity:
+    cpus: int  # CPUs of the smallest node offering a bench slot
+    total_cpus: int
+    bench_slots: int
+    gpus: int
+    limits: dict[str, int] = field(default_factory=dict)
+
+
+class Scheduler:
+    def __init__(self, cluster: ClusterCfg):
+        self.cluster = cluster
+        self.owned = False
+        self.queue: deque[_Task] = deque()
+        self.running: dict[Any, _Task] = {}
+
+    # -- lifecycle -------------------------------------------------------------------
+    def __enter__(self) -> Scheduler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            common = {"log_to_driver": False, "logging_level": "warning", "configure_logging": True}
+            if self.cluster.address is None:
+                os.environ.update(LOCAL_ENV)
+                ray.init(
+                    num_cpus=self.cluster.num_cpus or os.cpu_count(),
+                    resources={BENCH_RESOURCE: 1},
+                    include_dashboard=self.cluster.dashboard,
+                    dashboard_host="127.0.0.1",
+                    _node_ip_address="127.0.0.1",
+                    **common,
+                )
+            else:
+                ray.init(address=self.cluster.address, **common)
+            self.owned = True
+        self._export = ray.remote(_export_entry)
+        self._bench = ray.remote(max_calls=1)(_bench_entry)
+        self.capacity = self._capacity()
+
+    def stop(self) -> None:
+        import ray
+
+        if self.owned and ray.is_initialized():
+            ray.shutdown()
+            self.owned = False
+
+    def _capacity(self) -> Capacity:
+        import ray
+
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        bench_nodes = [n for n in nodes if n["Resources"].get(BENCH_RESOURCE, 0) >= 1]
+        if not bench_nodes:
+            raise ConfigError(
+                f"cluster.address={self.cluster.address!r}: no node offers the resource {BENCH_RESOURCE}; "
+                f"start nodes with scripts/cluster.sh (ray start --resources='{{\"{BENCH_RESOURCE}\": 1}}')"
+            )
+        total_cpus = int(sum(n["Resources"].get("CPU", 0) for n in nodes))
+        cap = Capacity(
+            cpus=int(min(n["Resources"].get("CPU", 1) for n in bench_nodes)),
+            total_cpus=total_cpus,
+            bench_slots=len(bench_nodes),
+            gpus=int(sum(n["Resources"].get("GPU", 0) for n in nodes)),
+        )
+        cap.limits = {"cpu": max(1, total_cpus), "bench_cpu": cap.bench_slots, "bench_gpu": max(1, cap.gpus)}
+        return cap
+
+    # -- resources -------------------------------------------------------------------
+    def bench_threads(self, device: str, threads: int | None) -> int:
+        """Threads a benchmark uses: as configured, else every core of a bench node (CPU)."""
+        return threads or (self.capacity.cpus if device == "cpu" else 1)
+
+    def bench_options(self, device: str, threads: int, extra: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        extra = dict(extra)
+        opts: dict[str, Any] = {"max_retries": self.cluster.max_retries}
+        for key in ("num_gpus", "memory"):
+            if key in extra:
+                opts[key] = extra.pop(key)
+        if device == "cuda":
+            opts.setdefault("num_gpus", 1)
+            opts.update(num_cpus=1, resources=extra)
+            return opts, "bench_gpu"
+        if threads > self.capacity.cpus:
+            raise ConfigError(
+                f"bench.threads={threads} exceeds the {self.capacity.cpus} CPUs of the smallest benchmark node"
+            )
+        opts.update(num_cpus=threads, resources={BENCH_RESOURCE: 1, **extra})
+        return opts, "bench_cpu"
+
+    # -- running ---------------------------------------------------------------------
+    def submit_export(self, key: str, spec: Any) -> None:
+        opts = {"num_cpus": 1, "max_retries": self.cluster.max_retries}
+        self.queue.append(_Task("export", key, spec, opts, "cpu"))
+
+    def submit_bench(self, name: str, spec: Any, options: dict[str, Any], pool: str) -> None:
+        self.queue.append(_Task("bench", name, spec, options, pool))
+
+    def _in_use(self, pool: str) -> int:
+        return sum(1 for t in self.running.values() if t.pool == pool)
+
+    def _start_queued(self) -> None:
+        """Hand Ray only what can start now, so a task's clock measures its own run."""
+        for task in list(self.queue):
+            if self._in_use(task.pool) >= self.capacity.limits[task.pool]:
+                continue
+            fn = self._export if task.kind == "export" else self._bench
+            task.ref = fn.options(**task.options).remote(task.spec)
+            task.started = time.monotonic()
+            self.running[task.ref] = task
+            self.queue.remove(task)
+
+    def results(self) -> Iterator[tuple[str, str, Any]]:
+        """Yield (kind, key, result | Failure) as tasks end; more may be submitted meanwhile."""
+        import ray
+        from ray.exceptions import RayError
+
+        while self.queue or self.running:
+            self._start_queued()
+            ready, _ = ray.wait(list(self.running), num_returns=1, timeout=1.0)
+            for ref in ready:
+                task = self.running.pop(ref)
+                try:
+                    yield task.kind, task.key, ray.get(ref)
+                except RayError as e:  # the worker died, ran out of memory, or was cancelled
+                    stage = "export" if task.kind == "export" else "benchmark"
+                    yield task.kind, task.key, Failure(stage, f"{type(e).__name__}: {str(e).splitlines()[0]}", str(e))
+            now = time.monotonic()
+            for ref, task in list(self.running.items()):
+                if now - task.started > self.cluster.task_timeout_s:
+                    ray.cancel(ref, force=True)
+                    del self.running[ref]
+                    stage = "export" if task.kind == "export" else "benchmark"
+                    msg = f"timed out after {self.cluster.task_timeout_s:g}s (cluster.task_timeout_s)"
+                    yield task.kind, task.key, Failure(stage, msg)

@@ -1,0 +1,23 @@
+"""The protocol every backend's session follows. Sessions speak numpy at their edges."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Session(Protocol):
+    output_names: list[str]
+    info: dict[str, Any]  # settings worth recording as params: threads, providers, ...
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """One call with host inputs, outputs in output_names order (parity checks)."""
+
+    def bind(self, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
+        """A zero-argument call with inputs already placed where the backend wants them
+        (device memory, bound buffers), so the timed loop measures only the call."""
+
+    def sync(self) -> None:
+        """Wait until the last call's work is done (no-op on synchronous backends)."""

@@ -1,0 +1,66 @@
+"""ONNX Runtime: CPU execution provider, or CUDA when device=cuda. Imports no torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from tasks.specs import BenchSpec
+
+PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
+
+
+class OrtSession:
+    def __init__(self, path: Path, spec: BenchSpec):
+        providers = PROVIDERS[spec.device]
+        missing = [p for p in providers if p not in ort.get_available_providers()]
+        if missing:
+            raise RuntimeError(
+                f"device={spec.device}: onnxruntime {ort.__version__} lacks {', '.join(missing)} "
+                f"(available: {', '.join(ort.get_available_providers())})"
+            )
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        if spec.bench.threads:
+            opts.intra_op_num_threads = spec.bench.threads
+        opts.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+        self.device = "cuda" if spec.device == "cuda" else "cpu"
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.info = {
+            "ort_intra_op_threads": spec.bench.threads or 0,  # 0: ONNX Runtime's default (all cores)
+            "ort_inter_op_threads": 1,
+            "ort_providers": ",".join(self.session.get_providers()),
+        }
+        self._binding: ort.IOBinding | None = None
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return self.session.run(self.output_names, feeds)
+
+    def bind(self, feeds: dict[str, np.ndarray]):
+        """Inputs copied to the device once; outputs preallocated there when shapes are static."""
+        binding = self.session.io_binding()
+        for name, arr in feeds.items():
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr, self.device, 0))
+        for out in self.session.get_outputs():
+            if all(isinstance(d, int) for d in out.shape) and out.type in _ORT_TYPES:
+                value = ort.OrtValue.ortvalue_from_shape_and_type(out.shape, _ORT_TYPES[out.type], self.device, 0)
+                binding.bind_ortvalue_output(out.name, value)
+            else:
+                binding.bind_output(out.name, self.device)
+        self._binding = binding
+        session = self.session
+        return lambda: session.run_with_iobinding(binding)
+
+    def sync(self) -> None:
+        if self._binding is not None and self.device == "cuda":
+            self._binding.synchronize_outputs()
+
+
+def load(spec: BenchSpec, meta: dict[str, Any]) -> OrtSession:
+    return OrtSession(Path(spec.export_dir) / meta["artifact"], spec)
