@@ -80,7 +80,9 @@ def _name_variants(variants: list[Variant], overrides: list[list[str]]) -> list[
     """`{model}_{phase}_{backend}_{device}` + a suffix for each axis the user swept that
     varies among the variants sharing that base name (e.g. `_ctx2048`). Values that follow
     from another choice (a preset's family, a derived cache size) never add a suffix."""
-    swept = _swept_keys(overrides)
+    # choosing a model/phase/backend/device option is already in the base name; other
+    # group choices (bench=quick) make every key of that group eligible
+    swept = _swept_keys(overrides) - {"model", "phase", "backend", "device"}
 
     def eligible(key: str) -> bool:
         parts = key.split(".")

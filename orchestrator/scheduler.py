@@ -19,8 +19,29 @@ from orchestrator.config import ClusterCfg, ConfigError
 from tasks.specs import Failure
 
 BENCH_RESOURCE = "phasesweep_bench"
-# environment for a local Ray: every server on loopback, no usage reporting
-LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
+# Environment for a local Ray, set before ray is first imported (Ray reads it at import):
+# - RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps the node IP on loopback, so gcs_server,
+#   raylet, workers and agents bind 127.0.0.1 only (with _node_ip_address alone Ray
+#   resolves 127.0.0.1 to the machine's routable IP and binds every interface);
+# - RAY_AUTH_MODE=token keeps token auth on, stated rather than warned about;
+# - no usage statistics leave the machine.
+LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _import_ray_on_loopback():
+    """Import ray so that a local instance listens on loopback only."""
+    import sys
+
+    for key, value in LOCAL_ENV.items():
+        os.environ.setdefault(key, value)
+    already = "ray" in sys.modules
+    import ray
+
+    if already:  # imported before our environment was set: apply the same switch directly
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] not in ("0", "false")
+    return ray
 
 
 def _export_entry(spec):
@@ -71,12 +92,15 @@ class Scheduler:
         self.stop()
 
     def start(self) -> None:
-        import ray
+        local = self.cluster.address is None
+        if local:
+            ray = _import_ray_on_loopback()
+        else:
+            import ray
 
         if not ray.is_initialized():
             common = {"log_to_driver": False, "logging_level": "warning", "configure_logging": True}
-            if self.cluster.address is None:
-                os.environ.update(LOCAL_ENV)
+            if local:
                 ray.init(
                     num_cpus=self.cluster.num_cpus or os.cpu_count(),
                     resources={BENCH_RESOURCE: 1},

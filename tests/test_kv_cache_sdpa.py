@@ -1,0 +1,88 @@
+"""The KV cache and attention modules on their own: shapes, updates, and equality with
+the transformers reference implementation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tasks import kv_cache, sdpa
+from tasks.specs import ATTENTIONS, KV_CACHES
+
+B, H, HKV, D = 2, 4, 2, 16
+
+
+def test_registries_match_the_choices_the_driver_validates():
+    assert tuple(kv_cache.KV_CACHES) == KV_CACHES
+    assert tuple(sdpa.ATTENTIONS) == ATTENTIONS
+
+
+def test_static_update_writes_at_positions_and_keeps_the_rest():
+    cache = torch.randn(B, HKV, 10, D)
+    new = torch.randn(B, HKV, 2, D)
+    k, v = kv_cache.StaticKVCache().update(cache, cache, new, new, torch.tensor([4, 5]))
+    assert k.shape == (B, HKV, 10, D)
+    torch.testing.assert_close(k[:, :, 4:6], new)
+    torch.testing.assert_close(k[:, :, :4], cache[:, :, :4])
+    torch.testing.assert_close(k[:, :, 6:], cache[:, :, 6:])
+    assert not torch.equal(cache[:, :, 4:6], new)  # functional: the input is untouched
+
+
+def test_dynamic_update_appends():
+    cache, new = torch.randn(B, HKV, 7, D), torch.randn(B, HKV, 1, D)
+    k, _ = kv_cache.DynamicKVCache().update(cache, cache, new, new, torch.tensor([7]))
+    assert k.shape == (B, HKV, 8, D)
+    torch.testing.assert_close(k[:, :, 7:], new)
+
+
+def test_static_from_prefix_pads_to_capacity():
+    prefix = torch.randn(B, HKV, 5, D)
+    buf = kv_cache.StaticKVCache.from_prefix(prefix, 9)
+    assert buf.shape == (B, HKV, 9, D)
+    torch.testing.assert_close(buf[:, :, :5], prefix)
+    assert not buf[:, :, 5:].any()
+    with pytest.raises(ValueError, match="does not fit"):
+        kv_cache.StaticKVCache.from_prefix(prefix, 4)
+
+
+def test_unknown_names_are_refused_with_choices():
+    with pytest.raises(ValueError, match="model.kv_cache='paged' is unknown; choose one of static, dynamic"):
+        kv_cache.make_kv_cache("paged")
+    with pytest.raises(ValueError, match="model.attention='flash' is unknown; choose one of sdpa, math"):
+        sdpa.make_attention("flash")
+
+
+def _qkv(sq: int, skv: int):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(B, H, sq, D, generator=g), torch.randn(B, HKV, skv, D, generator=g),
+            torch.randn(B, HKV, skv, D, generator=g))
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+@pytest.mark.parametrize("sq,skv,pos", [(6, 6, list(range(6))), (1, 12, [7])])
+def test_attention_matches_transformers_eager(name, sq, skv, pos):
+    """Same output as transformers' eager_attention_forward with the equivalent additive mask."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    q, k, v = _qkv(sq, skv)
+    cache_position = torch.tensor(pos)
+    mask = torch.arange(skv)[None, :] <= cache_position[:, None]  # [S_q, S_kv]
+    out = sdpa.make_attention(name)(q, k, v, mask, D**-0.5)  # [B, H, S_q, D]
+    assert out.shape == (B, H, sq, D)
+
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.training = H // HKV, False
+    additive = torch.zeros(sq, skv).masked_fill(~mask, torch.finfo(torch.float32).min)[None, None]
+    ref, _ = eager_attention_forward(module, q, k, v, additive, scaling=D**-0.5)  # [B, S_q, H, D]
+    torch.testing.assert_close(out.transpose(1, 2), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_masked_slots_do_not_leak():
+    """Garbage in unfilled static-cache slots must not change the output."""
+    q, k, v = _qkv(1, 12)
+    mask = torch.arange(12)[None, :] <= torch.tensor([5])[:, None]
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 6:], v2[:, :, 6:] = 1e3, -1e3
+    for name in ATTENTIONS:
+        att = sdpa.make_attention(name)
+        torch.testing.assert_close(att(q, k, v, mask, 0.25), att(q, k2, v2, mask, 0.25))
