@@ -35,7 +35,9 @@ def onnx_exports(tmp_path_factory):
     out = {}
     for model in ("llama", "phi3"):
         for phase in (PREFILL, DECODE):
-            spec = ExportSpec(f"{model}-{phase.name}", model_spec(model), phase, "onnx", str(root / f"{model}_{phase.name}"))
+            spec = ExportSpec(
+                f"{model}-{phase.name}", model_spec(model), phase, "onnx", str(root / f"{model}_{phase.name}")
+            )
             result = export_job(spec)
             assert result.ok, result.failure and result.failure.traceback
             out[(model, phase.name)] = result

@@ -89,7 +89,10 @@ def test_bad_override_on_command_line_fails_before_any_work(tmp_path):
     """The driver rejects the value, names it, and starts neither Ray nor MLflow."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "sweep.py"), "-m", "model=llama,phi3", "model.kv_cache=paged"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode != 0
     assert "model.kv_cache='paged' is not allowed; choose one of: static, dynamic" in proc.stderr

@@ -17,13 +17,18 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 FAST = ["bench.min_iters=10", "bench.min_seconds=0.1", "bench.warmup_max_seconds=1", "bench.threads=1"]
-NAMES = {"llama_prefill_onnxruntime_cpu", "llama_decode_onnxruntime_cpu",
-         "phi3_prefill_onnxruntime_cpu", "phi3_decode_onnxruntime_cpu"}
+NAMES = {
+    "llama_prefill_onnxruntime_cpu",
+    "llama_decode_onnxruntime_cpu",
+    "phi3_prefill_onnxruntime_cpu",
+    "phi3_decode_onnxruntime_cpu",
+}
 
 
 def sweep(cwd, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "sweep.py"), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "sweep.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=900
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +88,17 @@ def test_child_params_metrics_and_artifacts(client):
         assert p["model.kv_cache"] == "static" and p["phase.name"] == run.data.tags["phase"]
         assert p["runtime.ort_intra_op_threads"] == "1"
         assert "shape.input_ids" in p
-        for key in ("latency_ms_median", "latency_ms_p90", "latency_ms_p99", "latency_ms_mean", "latency_ms_std",
-                    "tokens_per_s", "export_seconds", "artifact_mb", "parity_max_abs_diff"):
+        for key in (
+            "latency_ms_median",
+            "latency_ms_p90",
+            "latency_ms_p99",
+            "latency_ms_mean",
+            "latency_ms_std",
+            "tokens_per_s",
+            "export_seconds",
+            "artifact_mb",
+            "parity_max_abs_diff",
+        ):
             assert key in m, (name, key)
         assert m["parity_max_abs_diff"] < 1e-4
         assert m["parity_steps"] == (8 if "decode" in name else 1)

@@ -31,8 +31,16 @@ def _load(result):
 
 
 def _spec(model, phase, result, tmp_path, backend="onnxruntime", bench=FAST):
-    return BenchSpec(f"{model}_{phase}", backend, "cpu", model_spec(model), PREFILL if phase == "prefill" else DECODE,
-                     result.out_dir, str(tmp_path), bench)
+    return BenchSpec(
+        f"{model}_{phase}",
+        backend,
+        "cpu",
+        model_spec(model),
+        PREFILL if phase == "prefill" else DECODE,
+        result.out_dir,
+        str(tmp_path),
+        bench,
+    )
 
 
 @pytest.mark.parametrize("model,phase", CASES)
@@ -45,8 +53,12 @@ def test_onnx_graph_has_named_inputs_and_outputs(onnx_exports, model, phase):
         assert inputs == ["input_ids"]
     else:
         assert inputs[:2] == ["input_ids", "cache_position"]
-        assert inputs[2:6] == ["past_key_values.0.key", "past_key_values.0.value",
-                               "past_key_values.1.key", "past_key_values.1.value"]
+        assert inputs[2:6] == [
+            "past_key_values.0.key",
+            "past_key_values.0.value",
+            "past_key_values.1.key",
+            "past_key_values.1.value",
+        ]
     assert outputs == ["logits", "present.0.key", "present.0.value", "present.1.key", "present.1.value"]
     assert result.artifact_mb > 0 and result.export_seconds > 0
 

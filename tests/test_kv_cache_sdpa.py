@@ -54,8 +54,11 @@ def test_unknown_names_are_refused_with_choices():
 
 def _qkv(sq: int, skv: int):
     g = torch.Generator().manual_seed(0)
-    return (torch.randn(B, H, sq, D, generator=g), torch.randn(B, HKV, skv, D, generator=g),
-            torch.randn(B, HKV, skv, D, generator=g))
+    return (
+        torch.randn(B, H, sq, D, generator=g),
+        torch.randn(B, HKV, skv, D, generator=g),
+        torch.randn(B, HKV, skv, D, generator=g),
+    )
 
 
 @pytest.mark.parametrize("name", ATTENTIONS)

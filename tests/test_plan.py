@@ -16,8 +16,10 @@ from tests.conftest import CONF
 def grid(**axes: str):
     """Compose the configs of a sweep the way `-m key=a,b ...` would: one per combination."""
     keys = list(axes)
-    jobs = [[f"{k}={v}" for k, v in zip(keys, combo, strict=True)]
-            for combo in itertools.product(*(axes[k].split(",") for k in keys))]
+    jobs = [
+        [f"{k}={v}" for k, v in zip(keys, combo, strict=True)]
+        for combo in itertools.product(*(axes[k].split(",") for k in keys))
+    ]
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         configs = [compose("sweep", overrides=job) for job in jobs]
@@ -70,8 +72,10 @@ def test_backends_with_one_export_format_share_nothing_but_equal_work_shares_an_
 
 
 def test_export_key_changes_with_shapes_and_format_not_with_bench_options():
-    a, b, c = plan_of(phase="decode", **{"phase.context_len": "128,256"}).variants + plan_of(
-        phase="decode", backend="eager").variants
+    a, b, c = (
+        plan_of(phase="decode", **{"phase.context_len": "128,256"}).variants
+        + plan_of(phase="decode", backend="eager").variants
+    )
     assert a.export_key != b.export_key and a.export_key != c.export_key
     assert a.variant.bench_key != b.variant.bench_key
 
