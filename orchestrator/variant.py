@@ -135,7 +135,9 @@ class Variant:
                 "model": model,
                 "phase": asdict(self.phase),
                 "format": fmt,
-                "options": self.backend.options,
+                # exporter options; eager-style backends (format none) export nothing, so
+                # eager and compile share one entry of inputs and reference
+                "options": self.backend.options if fmt != "none" else {},
                 "versions": {lib: _version(lib) for lib in EXPORT_LIBS[fmt]},
                 "tasks": _tasks_source_hash(),
             }

@@ -133,6 +133,7 @@ class DecodeGraph(_PhaseGraph):
 def build_graph(model: nn.Module, phase: str, kv_cache: str, attention: str) -> nn.Module:
     swap_attention(model, kv_cache, attention)
     graph = PrefillGraph(model) if phase == "prefill" else DecodeGraph(model)
+    graph.kv_cache = kv_cache  # exporters read it: a dynamic cache has a dynamic sequence dim
     return graph.eval()
 
 

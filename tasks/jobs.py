@@ -115,8 +115,9 @@ def bench_job(spec: BenchSpec) -> BenchResult:
         with np.load(export_dir / PARITY) as z:
             parity_data = {name: z[name] for name in z.files}
         t0 = time.perf_counter()
-        session = runtime_module(spec.backend).load(spec, meta)
+        session = runtime_module(spec.backend).load(spec, meta, feeds)
         result.metrics["load_seconds"] = time.perf_counter() - t0
+        result.metrics.update(session.metrics)
         result.params.update(session.info)
 
         stage = "parity"

@@ -83,7 +83,7 @@ def make_phase_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str) -> 
         past[f"past_key_values.{i}.key"] = cache_module.from_prefix(layer.keys.clone(), cache_len).numpy()
         past[f"past_key_values.{i}.value"] = cache_module.from_prefix(layer.values.clone(), cache_len).numpy()
     feeds = {
-        "input_ids": steps[:, :1].numpy(),  # [B, 1]
+        "input_ids": np.ascontiguousarray(steps[:, :1].numpy()),  # [B, 1]
         "cache_position": np.array([phase.context_len], dtype=np.int64),  # [1]
         **past,
     }

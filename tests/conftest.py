@@ -23,22 +23,33 @@ def model_spec(name: str, **changes) -> ModelSpec:
 
 PREFILL = PhaseSpec("prefill", batch=2, prompt_len=16)
 DECODE = PhaseSpec("decode", batch=2, context_len=24, parity_steps=8)
+PHASES = {"prefill": PREFILL, "decode": DECODE}
 
 
 @pytest.fixture(scope="session")
-def onnx_exports(tmp_path_factory):
-    """ONNX exports of both tiny models, both phases: {(model, phase): ExportResult}."""
+def exported(tmp_path_factory):
+    """`exported(model, phase, fmt, kv_cache="static")` -> ExportResult, each made once a session."""
     from tasks.jobs import export_job
     from tasks.specs import ExportSpec
 
-    root = tmp_path_factory.mktemp("onnx_exports")
-    out = {}
-    for model in ("llama", "phi3"):
-        for phase in (PREFILL, DECODE):
+    root = tmp_path_factory.mktemp("exports")
+    made = {}
+
+    def get(model: str, phase: str, fmt: str, kv_cache: str = "static"):
+        key = (model, phase, fmt, kv_cache)
+        if key not in made:
             spec = ExportSpec(
-                f"{model}-{phase.name}", model_spec(model), phase, "onnx", str(root / f"{model}_{phase.name}")
+                "-".join(key), model_spec(model, kv_cache=kv_cache), PHASES[phase], fmt, str(root / "_".join(key))
             )
             result = export_job(spec)
             assert result.ok, result.failure and result.failure.traceback
-            out[(model, phase.name)] = result
-    return out
+            made[key] = result
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def onnx_exports(exported):
+    """ONNX exports of both tiny models, both phases: {(model, phase): ExportResult}."""
+    return {(m, p): exported(m, p, "onnx") for m in ("llama", "phi3") for p in ("prefill", "decode")}

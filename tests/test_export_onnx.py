@@ -82,7 +82,7 @@ def test_parity_and_benchmark(onnx_exports, tmp_path, model, phase, backend):
 def test_decode_step_updates_only_its_slot(onnx_exports, tmp_path):
     """The exported static cache writes the new key at cache_position and nowhere else."""
     meta, feeds, _ = _load(onnx_exports[("llama", "decode")])
-    session = ort_runtime.load(_spec("llama", "decode", onnx_exports[("llama", "decode")], tmp_path), meta)
+    session = ort_runtime.load(_spec("llama", "decode", onnx_exports[("llama", "decode")], tmp_path), meta, feeds)
     _, k0, *_ = session.run(feeds)
     past = feeds["past_key_values.0.key"]
     np.testing.assert_array_equal(k0[:, :, :24], past[:, :, :24])
@@ -103,7 +103,7 @@ class DropsCache:
 
 def test_multi_step_parity_catches_a_dropped_cache(onnx_exports, tmp_path):
     meta, feeds, parity = _load(onnx_exports[("llama", "decode")])
-    session = ort_runtime.load(_spec("llama", "decode", onnx_exports[("llama", "decode")], tmp_path), meta)
+    session = ort_runtime.load(_spec("llama", "decode", onnx_exports[("llama", "decode")], tmp_path), meta, feeds)
     past = {n: a for n, a in feeds.items() if n.startswith("past_")}
     report = check(DropsCache(session, past), feeds, parity, atol=1e-4)
     assert report["per_step_max_abs_diff"][0] < 1e-4  # the first step looks fine ...

@@ -104,3 +104,31 @@ def test_params_are_the_flattened_variant_config():
     assert params["model.kv_cache"] == "static" and params["phase.context_len"] == 128
     assert params["phase.cache_len"] == 136  # resolved: context + parity steps
     assert params["model.arch.num_key_value_heads"] == 2 and params["backend.export_format"] == "onnx"
+
+
+def test_executorch_on_cuda_is_skipped_not_crashed():
+    plan = plan_of(backend="onnxruntime,executorch", device="cpu,cuda")
+    assert names(plan) == [
+        "llama_prefill_onnxruntime_cpu",
+        "llama_prefill_onnxruntime_cuda",
+        "llama_prefill_executorch_cpu",
+    ]
+    assert [(s.name, s.reason) for s in plan.skipped] == [
+        ("llama_prefill_executorch_cuda", "backend executorch does not run on device=cuda (backend.devices: cpu)")
+    ]
+
+
+def test_swapped_modules_are_named_and_exported_separately():
+    plan = plan_of(
+        phase="decode",
+        backend="onnxruntime,executorch",
+        **{"model.kv_cache": "static,dynamic", "model.attention": "sdpa,math"},
+    )
+    assert "llama_decode_executorch_cpu_math_kvdynamic" in names(plan)
+    assert "llama_decode_onnxruntime_cpu_sdpa_kvstatic" in names(plan)
+    assert len(plan.variants) == len(plan.exports) == 8
+
+
+def test_eager_and_compile_share_one_reference_export():
+    plan = plan_of(backend="eager,compile")
+    assert len(plan.variants) == 2 and len(plan.exports) == 1

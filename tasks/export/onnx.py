@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from tasks.export.shapes import dynamic_shapes
+
 # the ONNX weights go to an external file past this size (protobuf's 2 GiB limit)
 EXTERNAL_DATA_BYTES = 1 << 30
 
@@ -31,6 +33,7 @@ def export(
             dynamo=True,
             input_names=input_names,
             output_names=output_names,
+            dynamic_shapes=dynamic_shapes(graph, args, input_names),
             opset_version=options.get("opset"),
             external_data=weight_bytes > EXTERNAL_DATA_BYTES,
             optimize=options.get("optimize", True),

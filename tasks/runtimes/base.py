@@ -9,8 +9,12 @@ import numpy as np
 
 
 class Session(Protocol):
+    """What `tasks.runtimes.<backend>.load(spec, meta, feeds)` returns; `feeds` are the
+    phase's inputs, for backends that specialise on them while loading (torch.compile)."""
+
     output_names: list[str]
     info: dict[str, Any]  # settings worth recording as params: threads, providers, ...
+    metrics: dict[str, float]  # one-off costs measured while loading, e.g. compile_seconds
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """One call with host inputs, outputs in output_names order (parity checks)."""

@@ -18,6 +18,7 @@ class TorchSession:
         self.module = module.to(self.device)
         self.output_names = meta["output_names"]
         self.info = {"torch_threads": torch.get_num_threads()}
+        self.metrics: dict[str, float] = {}
 
     def _tensors(self, feeds: dict[str, np.ndarray]) -> list[torch.Tensor]:
         return [torch.from_numpy(a).to(self.device) for a in feeds.values()]
@@ -51,6 +52,6 @@ def build_module(spec: BenchSpec) -> torch.nn.Module:
     return build_graph(model, spec.phase.name, spec.model.kv_cache, spec.model.attention)
 
 
-def load(spec: BenchSpec, meta: dict[str, Any]) -> TorchSession:
+def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> TorchSession:
     set_threads(spec)
     return TorchSession(build_module(spec), spec, meta)

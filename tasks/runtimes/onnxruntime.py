@@ -37,6 +37,7 @@ class OrtSession:
             "ort_inter_op_threads": 1,
             "ort_providers": ",".join(self.session.get_providers()),
         }
+        self.metrics: dict[str, float] = {}
         self._binding: ort.IOBinding | None = None
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -62,5 +63,5 @@ class OrtSession:
             self._binding.synchronize_outputs()
 
 
-def load(spec: BenchSpec, meta: dict[str, Any]) -> OrtSession:
+def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> OrtSession:
     return OrtSession(Path(spec.export_dir) / meta["artifact"], spec)
