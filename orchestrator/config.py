@@ -82,6 +82,7 @@ class BackendCfg:
 class DeviceCfg:
     name: str
     resources: dict[str, Any] = field(default_factory=dict)
+    peak_bandwidth_gbs: float | None = None
 
     def check(self) -> None:
         choice("device.name", self.name, DEVICES)

@@ -92,3 +92,50 @@ def table(rows: list[dict[str, Any]]) -> str:
 
     header = {c: c for c in cols}
     return "\n".join([line(header), "  ".join("-" * width[c] for c in cols), *map(line, rows)])
+
+
+def compare_rows(a: dict[str, dict[str, float]], b: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    """Per variant in both sweeps: median B / median A, against the noise each reported.
+
+    The noise band is the larger of the two runs' coefficients of variation: a variant is
+    `within noise` when |ratio - 1| does not exceed it."""
+    rows = []
+    for name in sorted(set(a) & set(b)):
+        ma, mb = a[name], b[name]
+        if "latency_ms_median" not in ma or "latency_ms_median" not in mb:
+            continue
+        ratio = mb["latency_ms_median"] / ma["latency_ms_median"]
+        noise = max(ma.get("latency_cv", 0.0), mb.get("latency_cv", 0.0))
+        rows.append(
+            {
+                "variant": name,
+                "median_ms_a": f"{ma['latency_ms_median']:.4f}",
+                "median_ms_b": f"{mb['latency_ms_median']:.4f}",
+                "ratio_b_a": f"{ratio:.3f}",
+                "noise_cv": f"{noise:.1%}",
+                "verdict": "within noise" if abs(ratio - 1) <= noise else "OUTSIDE noise",
+            }
+        )
+    return rows
+
+
+def sweep_metrics(client: Any, parent_run_id: str) -> dict[str, dict[str, float]]:
+    """{variant name: metrics} of one sweep's child runs that ended ok."""
+    parent = client.get_run(parent_run_id)
+    runs = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10_000
+    )
+    return {r.info.run_name: r.data.metrics for r in runs if r.data.tags.get("status") == "ok"}
+
+
+def latest_sweeps(client: Any, experiment: str, count: int = 2) -> list[str]:
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise SystemExit(f"no MLflow experiment named {experiment!r}")
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string="tags.`phasesweep.role` = 'sweep'",
+        order_by=["attributes.start_time DESC"],
+        max_results=count,
+    )
+    return [r.info.run_id for r in reversed(runs)]

@@ -44,6 +44,7 @@ class SweepRun:
 
     # -- planned ----------------------------------------------------------------------
     def record_plan(self, command: str) -> None:
+        self.commit = _git_commit()
         stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         self.parent = self.tracker.start_sweep(
             f"sweep_{stamp}",
@@ -53,7 +54,7 @@ class SweepRun:
                 "skipped": len(self.plan.skipped),
                 "exports": len(self.plan.exports),
             },
-            tags={"git_commit": _git_commit(), "host": platform.node(), "out_dir": str(self.out_dir)},
+            tags={"git_commit": self.commit, "host": platform.node(), "out_dir": str(self.out_dir)},
         )
         for pv in self.plan.variants:
             v = pv.variant
@@ -64,6 +65,7 @@ class SweepRun:
                 "device": v.device.name,
                 "status": "planned",
                 "export_key": v.export_key,
+                "git_commit": self.commit,
                 "bench_key": v.bench_key,
                 "overrides": " ".join(v.overrides),
             }
@@ -118,6 +120,7 @@ class SweepRun:
             out_dir=str(self.out_dir / pv.name),
             bench=v.bench,
             backend_options=dict(v.backend.options),
+            peak_bandwidth_gbs=v.device.peak_bandwidth_gbs,
         )
 
     # -- benchmark --------------------------------------------------------------------
@@ -130,7 +133,12 @@ class SweepRun:
         cv_threshold = self.variants[name].variant.bench.cv_threshold
         o.unstable = result.ok and result.metrics.get("latency_cv", 0.0) > cv_threshold
         metrics = dict(result.metrics, unstable=float(o.unstable))
-        self.tracker.log(o.run_id, metrics=metrics, params={f"runtime.{k}": v for k, v in result.params.items()})
+        self.tracker.log(
+            o.run_id,
+            metrics=metrics,
+            params={f"runtime.{k}": v for k, v in result.params.items()},
+            tags={f"env.{k}": v for k, v in result.env.items()},
+        )
         if result.parity:
             self.tracker.log_dict(o.run_id, result.parity, "parity.json")
         for path in result.files.values():

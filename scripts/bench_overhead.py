@@ -102,10 +102,12 @@ def compare(backend: str, args, work: Path) -> dict[str, float]:
     meta = json.loads((out / META).read_text())
     with np.load(out / INPUTS) as z:
         feeds = {n: z[n] for n in meta["input_names"]}
-    spec = BenchSpec("overhead", backend, "cpu", model, phase, str(out), str(work / "bench"),
-                     BenchOptions(threads=args.threads))
-    bare = (bare_onnxruntime if backend == "onnxruntime" else bare_executorch)(out / meta["artifact"], feeds,
-                                                                              args.threads)
+    spec = BenchSpec(
+        "overhead", backend, "cpu", model, phase, str(out), str(work / "bench"), BenchOptions(threads=args.threads)
+    )
+    bare = (bare_onnxruntime if backend == "onnxruntime" else bare_executorch)(
+        out / meta["artifact"], feeds, args.threads
+    )
     ours = harness(backend, spec, meta, feeds)
     bare(args.calls), ours(args.calls)  # warm both
     b_all, h_all, ratios = [], [], []
@@ -138,12 +140,16 @@ def main() -> None:
     backends = ["onnxruntime", "executorch"] if args.backend == "both" else [args.backend]
     with tempfile.TemporaryDirectory() as tmp:
         rows = {b: compare(b, args, Path(tmp)) for b in backends}
-    print(f"\n{args.model} decode, context {args.context_len}, {args.threads} thread(s), "
-          f"{args.rounds} interleaved rounds x {args.calls} calls")
+    print(
+        f"\n{args.model} decode, context {args.context_len}, {args.threads} thread(s), "
+        f"{args.rounds} interleaved rounds x {args.calls} calls"
+    )
     print(f"{'backend':<12} {'bare us':>9} {'harness us':>11} {'ratio':>7} {'round ratio':>12}")
     for b, r in rows.items():
-        print(f"{b:<12} {r['bare_median_us']:9.1f} {r['harness_median_us']:11.1f} "
-              f"{r['ratio_of_medians']:7.3f} {r['median_of_round_ratios']:12.3f}")
+        print(
+            f"{b:<12} {r['bare_median_us']:9.1f} {r['harness_median_us']:11.1f} "
+            f"{r['ratio_of_medians']:7.3f} {r['median_of_round_ratios']:12.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -19,16 +19,30 @@ class Measurement:
     warmup_seconds: float
 
 
-def _timed(step: Callable[[], object], sync: Callable[[], None]) -> int:
-    t0 = time.perf_counter_ns()
-    step()
-    sync()
-    return time.perf_counter_ns() - t0
+def wall_clock(sync: Callable[[], None]) -> Callable[[Callable[[], object]], int]:
+    """Host timer: perf_counter_ns around the call and `sync` (a no-op on CPU backends)."""
+
+    def timed(step: Callable[[], object]) -> int:
+        t0 = time.perf_counter_ns()
+        step()
+        sync()
+        return time.perf_counter_ns() - t0
+
+    return timed
 
 
-def measure(step: Callable[[], object], opts: BenchOptions, sync: Callable[[], None] = lambda: None) -> Measurement:
-    """Time `step`: first call, warm-up until stable, then at least min_iters and min_seconds."""
-    first = _timed(step, sync)
+def measure(
+    step: Callable[[], object],
+    opts: BenchOptions,
+    sync: Callable[[], None] = lambda: None,
+    timer: Callable[[Callable[[], object]], int] | None = None,
+) -> Measurement:
+    """Time `step`: first call, warm-up until stable, then at least min_iters and min_seconds.
+
+    `timer(step) -> ns` defaults to the host clock; GPU sessions pass one built on CUDA
+    events, which times the device work itself and synchronises on the end event."""
+    timed = timer or wall_clock(sync)
+    first = timed(step)
 
     # warm-up in windows of warmup_iters calls, until a window's median stops improving
     # by more than 2% over the previous one (first-run effects gone), within a time cap
@@ -37,7 +51,7 @@ def measure(step: Callable[[], object], opts: BenchOptions, sync: Callable[[], N
     prev = float("inf")
     iters = 0
     while True:
-        window = [_timed(step, sync) for _ in range(w)]
+        window = [timed(step) for _ in range(w)]
         iters += w
         med = float(np.median(window))
         if med >= 0.98 * prev or time.perf_counter() - t0 >= opts.warmup_max_seconds:
@@ -48,7 +62,7 @@ def measure(step: Callable[[], object], opts: BenchOptions, sync: Callable[[], N
     samples: list[int] = []
     start = time.perf_counter_ns()
     while True:
-        samples.append(_timed(step, sync))
+        samples.append(timed(step))
         elapsed = (time.perf_counter_ns() - start) / 1e9
         n = len(samples)
         if n >= opts.max_iters or elapsed >= opts.max_seconds:

@@ -7,6 +7,7 @@ a result whose `failure` names the stage and carries the traceback.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import shutil
 import tempfile
@@ -99,15 +100,37 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
+def _decode_bandwidth(
+    spec: BenchSpec, meta: dict, feeds: dict[str, np.ndarray], median_ms: float, env: dict[str, str]
+) -> dict[str, float]:
+    """Bytes a decode step must read (every weight once, the whole KV cache it attends
+    over) per second of median latency, and on CUDA its fraction of the device's peak."""
+    from tasks.environment import peak_bandwidth_gbs
+
+    element = {"float32": 4, "float16": 2, "bfloat16": 2}[spec.model.dtype]
+    weights = meta["details"]["parameters"] * element
+    cache = sum(a.nbytes for n, a in feeds.items() if n.startswith("past_key_values."))
+    achieved = (weights + cache) / (median_ms / 1e3) / 1e9
+    out = {"decode_bytes_per_step": float(weights + cache), "achieved_bandwidth_gbs": achieved}
+    if spec.device == "cuda":
+        peak = spec.peak_bandwidth_gbs or peak_bandwidth_gbs(env.get("gpu_name", ""))
+        if peak:
+            out.update(peak_bandwidth_gbs=peak, bandwidth_fraction_of_peak=achieved / peak)
+    return out
+
+
 def bench_job(spec: BenchSpec) -> BenchResult:
     """Load the backend, check parity against the reference, then time the phase's call."""
     from tasks.bench import measure, summarize
+    from tasks.environment import fingerprint
     from tasks.parity import check
     from tasks.runtimes import runtime_module
 
     result = BenchResult(variant=spec.variant, ok=False)
     stage = "load"
     try:
+        result.env = fingerprint(spec.device)
+        result.params["pid"] = os.getpid()  # one fresh worker process per benchmark
         export_dir = Path(spec.export_dir)
         meta = json.loads((export_dir / META).read_text())
         with np.load(export_dir / INPUTS) as z:
@@ -138,7 +161,7 @@ def bench_job(spec: BenchSpec) -> BenchResult:
             return result
 
         stage = "benchmark"
-        m = measure(session.bind(feeds), spec.bench, session.sync)
+        m = measure(session.bind(feeds), spec.bench, session.sync, session.timer())
         stats = summarize(m.samples_ns)
         tokens = spec.phase.batch * spec.phase.new_tokens
         result.metrics.update(stats)
@@ -148,7 +171,10 @@ def bench_job(spec: BenchSpec) -> BenchResult:
             warmup_iters=m.warmup_iters,
             warmup_seconds=m.warmup_seconds,
             peak_rss_mb=_peak_rss_mb(),
+            **session.device_metrics(),
         )
+        if spec.phase.name == "decode":
+            result.metrics.update(_decode_bandwidth(spec, meta, feeds, stats["latency_ms_median"], result.env))
         out = Path(spec.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         samples = out / "latency_samples.json"

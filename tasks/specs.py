@@ -88,6 +88,7 @@ class BenchSpec:
     out_dir: str  # where this job writes its own files (raw samples)
     bench: BenchOptions = field(default_factory=BenchOptions)
     backend_options: dict[str, Any] = field(default_factory=dict)
+    peak_bandwidth_gbs: float | None = None  # device memory peak; None: looked up by GPU name
 
 
 @dataclass
@@ -119,4 +120,5 @@ class BenchResult:
     params: dict[str, Any] = field(default_factory=dict)
     parity: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # name -> path to log as artifact
+    env: dict[str, str] = field(default_factory=dict)  # where it ran: CPU, GPU, library versions
     failure: Failure | None = None

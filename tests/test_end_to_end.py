@@ -101,6 +101,14 @@ def test_child_params_metrics_and_artifacts(client):
         ):
             assert key in m, (name, key)
         assert m["parity_max_abs_diff"] < 1e-4
+        for key in ("latency_ms_min", "latency_cv", "first_call_ms", "warmup_iters", "load_seconds", "peak_rss_mb"):
+            assert key in m, (name, key)
+        assert run.data.tags["unstable"] in ("True", "False") and m["unstable"] == (run.data.tags["unstable"] == "True")
+        if "decode" in name:
+            assert m["achieved_bandwidth_gbs"] > 0 and m["decode_bytes_per_step"] > 0
+        tags = run.data.tags
+        assert tags["env.cpu_count"] and tags["env.cpu_model"] and tags["env.version.onnxruntime"]
+        assert len(tags["git_commit"]) in (40, 7) or tags["git_commit"] == "unknown"
         assert m["parity_steps"] == (8 if "decode" in name else 1)
         files = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert {"config.yaml", "latency_samples.json", "parity.json", "model"} <= files
@@ -111,7 +119,13 @@ def test_child_params_metrics_and_artifacts(client):
         assert f"name: {run.data.tags['model']}" in config and "hydra" not in config
 
 
-def test_ray_stayed_on_loopback_and_left_nothing_running(first_sweep):
+def test_each_benchmark_ran_in_its_own_worker_process(client):
+    parent = next(r for r in runs(client) if r.data.tags.get("phasesweep.role") == "sweep")
+    pids = [r.data.params["runtime.pid"] for r in children(client, parent.info.run_id).values()]
+    assert len(set(pids)) == len(pids) == 4
+
+
+def test_ray_left_nothing_running(first_sweep):
     leftover = subprocess.run(["pgrep", "-f", "gcs_server|raylet"], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", "Ray processes outlived the sweep"
 

@@ -89,6 +89,21 @@ def test_decode_step_updates_only_its_slot(onnx_exports, tmp_path):
     assert np.abs(k0[:, :, 24]).sum() > 0 and not k0[:, :, 25:].any()
 
 
+def test_device_side_decode_loop_matches_the_host_loop(onnx_exports, tmp_path):
+    """ORT's multi-step decode keeps the cache as OrtValues between steps; same logits as
+    the plain loop that copies every present cache back through numpy."""
+    from tasks.parity import host_steps
+
+    meta, feeds, parity = _load(onnx_exports[("phi3", "decode")])
+    session = ort_runtime.load(_spec("phi3", "decode", onnx_exports[("phi3", "decode")], tmp_path), meta, feeds)
+    tokens = parity["step_tokens"]
+    on_device = session.run_steps(feeds, tokens, 24)
+    on_host = host_steps(session, feeds, tokens, 24)
+    assert len(on_device) == len(on_host) == 8
+    for a, b in zip(on_device, on_host, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
 class DropsCache:
     """A session that ignores the cache it is given after the first step: the known trap of
     exported decode graphs that run but silently lose their KV cache."""

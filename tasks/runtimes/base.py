@@ -25,3 +25,12 @@ class Session(Protocol):
 
     def sync(self) -> None:
         """Wait until the last call's work is done (no-op on synchronous backends)."""
+
+    def timer(self) -> Callable[[Callable[[], object]], int] | None:
+        """A `timer(step) -> ns` of the backend's own (CUDA events), or None for the host clock."""
+
+    def device_metrics(self) -> dict[str, float]:
+        """Device counters read after measuring, e.g. cuda_peak_allocated_mb."""
+
+    # optional: run_steps(feeds, tokens [B, N], start) -> N logits, consecutive decode steps
+    # fed back on the device; parity uses it when present, else a host loop over run()

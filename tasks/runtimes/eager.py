@@ -41,6 +41,28 @@ class TorchSession:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def timer(self):
+        """On CUDA, time each call with CUDA events (device time, synchronised on the end
+        event); on CPU, None: the harness's host clock."""
+        if self.device.type != "cuda":
+            return None
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+        def timed(step) -> int:
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            return int(start.elapsed_time(end) * 1e6)  # ms -> ns
+
+        return timed
+
+    def device_metrics(self) -> dict[str, float]:
+        if self.device.type != "cuda":
+            return {}
+        return {"cuda_peak_allocated_mb": torch.cuda.max_memory_allocated(self.device) / 2**20}
+
 
 def set_threads(spec: BenchSpec) -> None:
     if spec.bench.threads:

@@ -42,6 +42,12 @@ class PteSession:
     def sync(self) -> None:
         pass
 
+    def timer(self):
+        return None
+
+    def device_metrics(self) -> dict[str, float]:
+        return {}
+
 
 def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> PteSession:
     return PteSession(Path(spec.export_dir) / meta["artifact"], spec, meta)

@@ -59,6 +59,34 @@ class OrtSession:
         if self._binding is not None and self.device == "cuda":
             self._binding.synchronize_outputs()
 
+    def timer(self):
+        return None  # host clock; sync() waits for the CUDA EP's outputs
+
+    def device_metrics(self) -> dict[str, float]:
+        return {}
+
+    def run_steps(self, feeds: dict[str, np.ndarray], tokens: np.ndarray, start: int) -> list[np.ndarray]:
+        """Consecutive decode steps, each fed the present cache of the step before as
+        OrtValues that stay on the device: no cache tensor goes through numpy between steps.
+        Returns each step's logits [B, 1, V]."""
+        binding = self.session.io_binding()
+        past = [n for n in feeds if n.startswith("past_key_values.")]
+        for name in past:
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(feeds[name], self.device, 0))
+        logits = []
+        for t in range(tokens.shape[1]):
+            binding.bind_cpu_input("input_ids", np.ascontiguousarray(tokens[:, t : t + 1]))
+            binding.bind_cpu_input("cache_position", np.array([start + t], dtype=np.int64))
+            binding.clear_binding_outputs()
+            for name in self.output_names:
+                binding.bind_output(name, self.device)
+            self.session.run_with_iobinding(binding)
+            out = binding.get_outputs()  # OrtValues, on the device
+            logits.append(out[0].numpy())
+            for name, value in zip(past, out[1:], strict=True):
+                binding.bind_ortvalue_input(name, value)
+        return logits
+
 
 def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> OrtSession:
     return OrtSession(Path(spec.export_dir) / meta["artifact"], spec)
