@@ -52,6 +52,8 @@ class Skipped:
     job: int
     name: str
     reason: str
+    variant: Variant
+    config: DictConfig
 
 
 @dataclass
@@ -127,7 +129,7 @@ def make_plan(configs: list[DictConfig], overrides: list[list[str]]) -> Plan:
                 f"backend {point.backend.name} does not run on device={point.device.name} "
                 f"(backend.devices: {', '.join(point.backend.devices)})"
             )
-            skipped.append(Skipped(idx, v.base_name, reason))
+            skipped.append(Skipped(idx, v.base_name, reason, v, cfg))
             continue
         valid.append((idx, v, cfg))
 

@@ -16,7 +16,8 @@ from orchestrator.plan import Plan, PlannedVariant, make_plan
 from orchestrator.report import Outcome, say, summary_rows, table
 from orchestrator.scheduler import Scheduler
 from orchestrator.tracking import Tracker, ui_command
-from tasks.specs import BenchResult, BenchSpec, ExportResult, Failure
+from orchestrator.variant import Variant
+from tasks.specs import BenchResult, BenchSpec, ExportResult, ExportSpec, Failure
 
 
 def _git_commit() -> str:
@@ -43,6 +44,16 @@ class SweepRun:
         self.variants: dict[str, PlannedVariant] = {pv.name: pv for pv in plan.variants}
 
     # -- planned ----------------------------------------------------------------------
+    def _tags(self, v: Variant) -> dict[str, str]:
+        return {
+            "model": v.model.name,
+            "phase": v.phase.name,
+            "backend": v.backend.name,
+            "device": v.device.name,
+            "git_commit": self.commit,
+            "overrides": " ".join(v.overrides),
+        }
+
     def record_plan(self, command: str) -> None:
         self.commit = _git_commit()
         stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
@@ -58,31 +69,37 @@ class SweepRun:
         )
         for pv in self.plan.variants:
             v = pv.variant
-            tags = {
-                "model": v.model.name,
-                "phase": v.phase.name,
-                "backend": v.backend.name,
-                "device": v.device.name,
-                "status": "planned",
-                "export_key": v.export_key,
-                "git_commit": self.commit,
-                "bench_key": v.bench_key,
-                "overrides": " ".join(v.overrides),
-            }
+            tags = {**self._tags(v), "status": "planned", "export_key": v.export_key, "bench_key": v.bench_key}
             run_id = self.tracker.start_variant(self.parent, pv.name, tags, v.params, _config_yaml(pv.config))
             self.outcomes[pv.name] = Outcome(pv.name, run_id=run_id)
         for s in self.plan.skipped:
             name = f"{s.name} (job #{s.job})"
-            run_id = self.tracker.start_variant(
-                self.parent, s.name, {"status": "skipped", "skip_reason": s.reason}, {}, ""
-            )
+            tags = {**self._tags(s.variant), "status": "skipped", "skip_reason": s.reason}
+            run_id = self.tracker.start_variant(self.parent, s.name, tags, s.variant.params, _config_yaml(s.config))
             self.tracker.end(run_id, "FINISHED")
             self.outcomes[name] = Outcome(s.name, status="skipped", run_id=run_id, error=s.reason)
 
     # -- export ---------------------------------------------------------------------------
+    def fail_unplaceable(self) -> None:
+        """Variants no node can run (device=cuda on a cluster without GPUs) fail now,
+        before their exports, instead of waiting for a resource that never comes."""
+        for pv in self.plan.variants:
+            why = self.sched.placement_error(pv.variant.device.name)
+            if why:
+                self.fail(self.outcomes[pv.name], Failure("schedule", why))
+
+    def exports_needed(self) -> dict[str, ExportSpec]:
+        return {
+            key: spec
+            for key, spec in self.plan.exports.items()
+            if any(not self.outcomes[pv.name].ended for pv in self.plan.by_export(key))
+        }
+
     def on_export(self, key: str, result: ExportResult | Failure) -> None:
         for pv in self.plan.by_export(key):
             o = self.outcomes[pv.name]
+            if o.ended:
+                continue
             if isinstance(result, Failure) or not result.ok:
                 self.fail(o, result if isinstance(result, Failure) else result.failure)
                 continue
@@ -205,7 +222,8 @@ def run_sweep(configs: list[DictConfig], overrides: list[list[str]], out_dir: Pa
         run = SweepRun(plan, out_dir, tracker, sched)
         run.record_plan(command)
         try:
-            for key, spec in plan.exports.items():
+            run.fail_unplaceable()
+            for key, spec in run.exports_needed().items():
                 sched.submit_export(key, spec)
             for kind, key, result in sched.results():
                 (run.on_export if kind == "export" else run.on_bench)(key, result)

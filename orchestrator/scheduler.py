@@ -148,6 +148,12 @@ class Scheduler:
         """Threads a benchmark uses: as configured, else every core of a bench node (CPU)."""
         return threads or (self.capacity.cpus if device == "cpu" else 1)
 
+    def placement_error(self, device: str) -> str | None:
+        """Why no node of this cluster can run a benchmark on `device`, or None."""
+        if device == "cuda" and self.capacity.gpus == 0:
+            return "device=cuda needs a GPU and no node of this Ray cluster has one"
+        return None
+
     def bench_options(self, device: str, threads: int, extra: dict[str, Any]) -> tuple[dict[str, Any], str]:
         extra = dict(extra)
         opts: dict[str, Any] = {"max_retries": self.cluster.max_retries}

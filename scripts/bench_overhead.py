@@ -12,7 +12,6 @@ drift and noise hit both alike, and print the ratio of medians (harness / bare).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tasks.bench import measure  # noqa: E402
-from tasks.jobs import INPUTS, META, export_job  # noqa: E402
+from tasks.jobs import export_job, load_export  # noqa: E402
 from tasks.runtimes import runtime_module  # noqa: E402
 from tasks.specs import BenchOptions, BenchSpec, ExportSpec, ModelSpec, PhaseSpec  # noqa: E402
 
@@ -37,6 +36,8 @@ def tiny_model(name: str) -> ModelSpec:
     return ModelSpec(name=name, family=cfg["family"], size="tiny", arch=cfg["sizes"]["tiny"])
 
 
+# The two bare loops are written out on purpose: they are the reference the harness is
+# compared with, so they carry no abstraction of their own.
 def bare_onnxruntime(path: Path, feeds: dict[str, np.ndarray], threads: int):
     import onnxruntime as ort
 
@@ -99,9 +100,7 @@ def compare(backend: str, args, work: Path) -> dict[str, float]:
     if not export.ok:
         raise SystemExit(f"export failed: {export.failure.error}\n{export.failure.traceback}")
     out = Path(export.out_dir)
-    meta = json.loads((out / META).read_text())
-    with np.load(out / INPUTS) as z:
-        feeds = {n: z[n] for n in meta["input_names"]}
+    meta, feeds, _ = load_export(out)
     spec = BenchSpec(
         "overhead", backend, "cpu", model, phase, str(out), str(work / "bench"), BenchOptions(threads=args.threads)
     )

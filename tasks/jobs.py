@@ -96,6 +96,17 @@ def export_job(spec: ExportSpec) -> ExportResult:
         return ExportResult(key=spec.key, out_dir=str(out), ok=False, failure=_failure("export", exc))
 
 
+def load_export(export_dir: str | Path) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """An export cache entry: (meta, the timed call's feeds in input order, parity data)."""
+    export_dir = Path(export_dir)
+    meta = json.loads((export_dir / META).read_text())
+    with np.load(export_dir / INPUTS) as z:
+        feeds = {name: z[name] for name in meta["input_names"]}
+    with np.load(export_dir / PARITY) as z:
+        parity = {name: z[name] for name in z.files}
+    return meta, feeds, parity
+
+
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
@@ -131,12 +142,7 @@ def bench_job(spec: BenchSpec) -> BenchResult:
     try:
         result.env = fingerprint(spec.device)
         result.params["pid"] = os.getpid()  # one fresh worker process per benchmark
-        export_dir = Path(spec.export_dir)
-        meta = json.loads((export_dir / META).read_text())
-        with np.load(export_dir / INPUTS) as z:
-            feeds = {name: z[name] for name in meta["input_names"]}
-        with np.load(export_dir / PARITY) as z:
-            parity_data = {name: z[name] for name in z.files}
+        meta, feeds, parity_data = load_export(spec.export_dir)
         t0 = time.perf_counter()
         session = runtime_module(spec.backend).load(spec, meta, feeds)
         result.metrics["load_seconds"] = time.perf_counter() - t0

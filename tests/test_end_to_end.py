@@ -144,3 +144,71 @@ def test_a_failing_single_run_is_recorded_and_exits_nonzero(workdir, client, fir
     assert run.data.tags["export_cache_hit"] == "True"
     assert "atol 0" in run.data.tags["error"]
     assert before <= {r.info.run_id for r in runs(client)}  # the first sweep's runs are all still there
+
+
+def test_ctrl_c_closes_every_open_run_and_keeps_what_was_logged(tmp_path):
+    """Interrupted mid-sweep: runs already ended keep their results, open ones end KILLED
+    with the reason, none is left RUNNING."""
+    import signal
+
+    from mlflow.tracking import MlflowClient
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "sweep.py"),
+            "-m",
+            "model=llama,phi3",
+            "phase=prefill,decode",
+            *FAST,
+            "bench.min_seconds=30",
+            "bench.max_seconds=30",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    for line in proc.stdout:  # wait until a benchmark is under way
+        if "exported" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    all_runs = runs(client)
+    assert len(all_runs) == 5
+    assert not [r for r in all_runs if r.info.status == "RUNNING"]
+    killed = [r for r in all_runs if r.info.status == "KILLED"]
+    assert killed and all(r.data.tags["status"] == "aborted" for r in killed)
+    assert all("KeyboardInterrupt" in r.data.tags["error"] for r in killed)
+    exported = [r for r in all_runs if "export_seconds" in r.data.metrics]
+    assert exported  # what was logged before the interrupt is still there
+
+
+def test_executorch_and_compile_through_the_whole_path(tmp_path):
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    proc = sweep(tmp_path, "-m", "model=llama", "phase=decode", "backend=compile,executorch", "device=cpu,cuda", *FAST)
+    gpu = shutil.which("nvidia-smi") is not None
+    assert proc.returncode == (0 if gpu else 1), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "skipped   llama_decode_executorch_cuda: backend executorch does not run on device=cuda" in proc.stdout
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    by_name = {r.info.run_name: r for r in runs(client)}
+    pte = by_name["llama_decode_executorch_cpu"]
+    assert [a.path for a in client.list_artifacts(pte.info.run_id, "model")] == ["model/model.pte"]
+    assert int(pte.data.params["export.delegated_ops"]) > 0 and "export.delegated_fraction" in pte.data.params
+    assert pte.data.metrics["parity_steps"] == 8 and pte.data.tags["parity"] == "passed"
+    compiled = by_name["llama_decode_compile_cpu"]
+    assert compiled.data.metrics["compile_seconds"] > 1.0
+    assert compiled.data.params["runtime.compile_cold_cache"] == "True"
+    skipped = by_name["llama_decode_executorch_cuda"]
+    assert skipped.data.tags["status"] == "skipped" and "device=cuda" in skipped.data.tags["skip_reason"]
+    # compile supports cuda, so it is planned; without a GPU it fails at once, never waits
+    on_cuda = by_name["llama_decode_compile_cuda"]
+    if not gpu:
+        assert on_cuda.info.status == "FAILED" and on_cuda.data.tags["failure_stage"] == "schedule"
+        assert "no node of this Ray cluster has one" in on_cuda.data.tags["error"]
+        assert "1 variant(s) failed: llama_decode_compile_cuda" in proc.stderr

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tasks.jobs import INPUTS, META, PARITY, bench_job
+from tasks.jobs import bench_job, load_export
 from tasks.parity import check
 from tasks.runtimes import onnxruntime as ort_runtime
 from tasks.specs import BenchOptions, BenchSpec
@@ -21,13 +21,7 @@ FAST = BenchOptions(warmup_iters=2, warmup_max_seconds=1, min_iters=5, min_secon
 
 
 def _load(result):
-    out = Path(result.out_dir)
-    meta = json.loads((out / META).read_text())
-    with np.load(out / INPUTS) as z:
-        feeds = {n: z[n] for n in meta["input_names"]}
-    with np.load(out / PARITY) as z:
-        parity = {n: z[n] for n in z.files}
-    return meta, feeds, parity
+    return load_export(result.out_dir)
 
 
 def _spec(model, phase, result, tmp_path, backend="onnxruntime", bench=FAST):
