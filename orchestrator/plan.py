@@ -119,6 +119,13 @@ def make_plan(configs: list[DictConfig], overrides: list[list[str]]) -> Plan:
             errors.append(f"{where}{e}")
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    for group in ("tracking", "cluster"):  # one sweep is one MLflow parent run on one Ray
+        values = {repr(getattr(p, group)) for p in points}
+        if len(values) > 1:
+            raise ConfigError(
+                f"{group}.* must be the same for every job of a sweep; got {len(values)} different "
+                f"settings (sweep {group} options in separate invocations)"
+            )
 
     valid: list[tuple[int, Variant, DictConfig]] = []
     skipped: list[Skipped] = []

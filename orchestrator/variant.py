@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ def _version(dist: str) -> str:
         return "absent"
 
 
+@lru_cache(maxsize=1)
 def _tasks_source_hash() -> str:
     """Exports depend on our own graph code too: a change to tasks/ invalidates the cache."""
     h = hashlib.sha256()

@@ -149,6 +149,11 @@ def main() -> None:
             f"{b:<12} {r['bare_median_us']:9.1f} {r['harness_median_us']:11.1f} "
             f"{r['ratio_of_medians']:7.3f} {r['median_of_round_ratios']:12.3f}"
         )
+    print("\nratio: median of all harness samples / median of all bare samples; round ratio: the median,")
+    print("over rounds, of each back-to-back pair's ratio of medians (robust to drift between rounds).")
+    for b, r in rows.items():
+        within = abs(r["median_of_round_ratios"] - 1) <= 0.05
+        print(f"{b}: harness {'within' if within else 'NOT within'} 5% of the bare loop (round ratio)")
 
 
 if __name__ == "__main__":

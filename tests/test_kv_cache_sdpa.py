@@ -89,3 +89,31 @@ def test_masked_slots_do_not_leak():
     for name in ATTENTIONS:
         att = sdpa.make_attention(name)
         torch.testing.assert_close(att(q, k, v, mask, 0.25), att(q, k2, v2, mask, 0.25))
+
+
+@pytest.mark.parametrize("cache_name", KV_CACHES)
+def test_cache_updates_match_transformers_caches(cache_name):
+    """Step by step, our functional caches hold what transformers' StaticCache (fixed
+    capacity) and DynamicCache (growing) hold for the same keys and values."""
+    from transformers import DynamicCache, LlamaConfig, StaticCache
+
+    cfg = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=H,
+        num_key_value_heads=HKV,
+        head_dim=D,
+        num_hidden_layers=1,
+        max_position_embeddings=64,
+    )
+    ours = kv_cache.make_kv_cache(cache_name)
+    theirs = StaticCache(config=cfg, max_cache_len=12) if cache_name == "static" else DynamicCache(config=cfg)
+    g = torch.Generator().manual_seed(1)
+    prefix = torch.randn(B, HKV, 5, D, generator=g)  # a prefilled context of 5 positions
+    k = v = ours.from_prefix(prefix, 12)
+    ref_k, _ = theirs.update(prefix, prefix, 0, cache_kwargs={"cache_position": torch.arange(5)})
+    for pos in range(5, 9):  # four decode steps
+        new = torch.randn(B, HKV, 1, D, generator=g)
+        k, v = ours.update(k, v, new, new, torch.tensor([pos]))
+        ref_k, ref_v = theirs.update(new, new, 0, cache_kwargs={"cache_position": torch.tensor([pos])})
+        torch.testing.assert_close(k, ref_k)
+        torch.testing.assert_close(v, ref_v)

@@ -132,3 +132,8 @@ def test_swapped_modules_are_named_and_exported_separately():
 def test_eager_and_compile_share_one_reference_export():
     plan = plan_of(backend="eager,compile")
     assert len(plan.variants) == 2 and len(plan.exports) == 1
+
+
+def test_sweep_wide_groups_cannot_vary_within_one_sweep():
+    with pytest.raises(ConfigError, match=r"tracking.\* must be the same for every job of a sweep"):
+        plan_of(**{"tracking.experiment": "a,b"})
