@@ -93,6 +93,10 @@ class TrackingCfg:
     uri: str | None = None
     artifact_root: str | None = None
     experiment: str = "phasesweep"
+    max_model_mb: float | None = None  # larger exported models are not copied into MLflow
+
+    def check(self) -> None:
+        at_least("tracking.max_model_mb", self.max_model_mb, 0, optional=True)
 
 
 @dataclass
@@ -183,4 +187,5 @@ def validate(cfg: DictConfig) -> SweepPoint:
     point.device.check()
     check_bench(point.bench)
     point.cluster.check()
+    point.tracking.check()
     return point

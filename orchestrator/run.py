@@ -84,9 +84,12 @@ class SweepRun:
         """Variants no node can run (device=cuda on a cluster without GPUs) fail now,
         before their exports, instead of waiting for a resource that never comes."""
         for pv in self.plan.variants:
-            why = self.sched.placement_error(pv.variant.device.name)
+            v = pv.variant
+            why = self.sched.placement_error(v.device.name, v.weight_bytes)
             if why:
                 self.fail(self.outcomes[pv.name], Failure("schedule", why))
+            elif warning := self.sched.memory_warning(v.weight_bytes, v.backend.export_format):
+                say(f"  warning   {pv.name}: {warning}")
 
     def exports_needed(self) -> dict[str, ExportSpec]:
         return {
@@ -115,15 +118,27 @@ class SweepRun:
                 tags={"status": "running", "export_cache_hit": result.cache_hit, "export_dir": result.out_dir},
             )
             if result.artifact:
-                for f in sorted(Path(result.artifact).parent.glob(Path(result.artifact).name + "*")):
-                    self.tracker.artifact(o.run_id, f, "model")
+                self.log_model(o, result)
             o.status = "running"
-            self.sched.submit_bench(pv.name, self.bench_spec(pv, result), *self.bench_resources(pv))
+            self.sched.submit_bench(pv.name, self.bench_spec(pv, result), *pv.resources)
             say(f"  exported  {pv.name:<44} {result.export_seconds:6.1f}s {'(cache hit)' if result.cache_hit else ''}")
 
-    def bench_resources(self, pv: PlannedVariant):
-        v = pv.variant
-        return self.sched.bench_options(v.device.name, v.bench.threads, v.device.resources)
+    def log_model(self, o: Outcome, export: ExportResult) -> None:
+        """The exported model (and its external weights) as artifacts under model/, unless
+        it is larger than tracking.max_model_mb: then a tag says where it is instead."""
+        limit = self.plan.point.tracking.max_model_mb
+        if limit is not None and export.artifact_mb > limit:
+            self.tracker.log(
+                o.run_id,
+                tags={
+                    "model_not_logged": f"{export.artifact_mb:.0f} MB > tracking.max_model_mb="
+                    f"{limit:g}; the model is in {export.out_dir}"
+                },
+            )
+            return
+        artifact = Path(export.artifact)
+        for f in sorted(artifact.parent.glob(artifact.name + "*")):  # model.onnx, model.onnx.data
+            self.tracker.artifact(o.run_id, f, "model")
 
     def bench_spec(self, pv: PlannedVariant, export: ExportResult) -> BenchSpec:
         v = pv.variant
@@ -186,8 +201,9 @@ class SweepRun:
                 self.tracker.log(o.run_id, tags={"status": "aborted", "error": why})
                 self.tracker.end(o.run_id, "KILLED")
                 o.status, o.error = "aborted", why
-        self.tracker.log(self.parent, tags={"status": "aborted", "error": why})
-        self.tracker.end(self.parent, "KILLED")
+        if getattr(self, "parent", None):
+            self.tracker.log(self.parent, tags={"status": "aborted", "error": why})
+            self.tracker.end(self.parent, "KILLED")
 
     # -- end ------------------------------------------------------------------------------
     def finish(self, seconds: float) -> str:
@@ -219,12 +235,16 @@ def run_sweep(configs: list[DictConfig], overrides: list[list[str]], out_dir: Pa
         for pv in plan.variants:  # resolve "all cores" once the cluster is known
             threads = sched.bench_threads(pv.variant.device.name, pv.variant.bench.threads)
             pv.variant = replace(pv.variant, bench=replace(pv.variant.bench, threads=threads))
+            # the Ray resources of its benchmark; a request no node can meet is a ConfigError now
+            pv.resources = sched.bench_options(
+                pv.variant.device.name, threads, pv.variant.device.resources, pv.variant.weight_bytes
+            )
         run = SweepRun(plan, out_dir, tracker, sched)
         run.record_plan(command)
         try:
             run.fail_unplaceable()
             for key, spec in run.exports_needed().items():
-                sched.submit_export(key, spec)
+                sched.submit_export(key, spec, plan.by_export(key)[0].variant.weight_bytes)
             for kind, key, result in sched.results():
                 (run.on_export if kind == "export" else run.on_bench)(key, result)
         except BaseException as e:

@@ -50,6 +50,21 @@ def _checkpoint_identity(path: str | None) -> dict[str, Any] | None:
     }
 
 
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def estimated_parameters(arch: dict[str, Any]) -> int:
+    """Parameters of a Llama-layout decoder (Llama, Phi-3, ...) from its config alone: the
+    driver sizes memory requests with it and never builds the model."""
+    h, layers, heads = arch["hidden_size"], arch["num_hidden_layers"], arch["num_attention_heads"]
+    kv = arch.get("num_key_value_heads") or heads
+    d = arch.get("head_dim") or h // heads
+    attention = h * heads * d + 2 * h * kv * d + heads * d * h  # q, k, v, o
+    mlp = 3 * h * arch["intermediate_size"]  # gate, up, down
+    embeddings = arch["vocab_size"] * h * (1 if arch.get("tie_word_embeddings") else 2)
+    return layers * (attention + mlp + 2 * h) + embeddings + h  # + norms
+
+
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -158,6 +173,13 @@ class Variant:
                 ),
             }
         )
+
+    @cached_property
+    def weight_bytes(self) -> int:
+        arch = self.model.arch
+        if self.model.checkpoint:
+            arch = json.loads((Path(self.model.checkpoint) / "config.json").read_text())
+        return estimated_parameters(arch) * DTYPE_BYTES[self.model.dtype]
 
     def identity(self) -> str:
         """Equal for two grid points that would do exactly the same work."""

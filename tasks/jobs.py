@@ -86,6 +86,8 @@ def export_job(spec: ExportSpec) -> ExportResult:
             "details": {**details, **data.dims, "parameters": count_parameters(model), "torch": torch.__version__},
         }
         (tmp / META).write_text(json.dumps(meta, indent=1))
+        del model, graph, data
+        _release_memory()  # the worker lives on: give a large model's memory back to the OS
         try:
             tmp.rename(out)
         except OSError:  # another worker filled the same entry first: keep theirs
@@ -105,6 +107,17 @@ def load_export(export_dir: str | Path) -> tuple[dict, dict[str, np.ndarray], di
     with np.load(export_dir / PARITY) as z:
         parity = {name: z[name] for name in z.files}
     return meta, feeds, parity
+
+
+def _release_memory() -> None:
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:  # not glibc
+        pass
 
 
 def _peak_rss_mb() -> float:

@@ -212,3 +212,17 @@ def test_executorch_and_compile_through_the_whole_path(tmp_path):
         assert on_cuda.info.status == "FAILED" and on_cuda.data.tags["failure_stage"] == "schedule"
         assert "no node of this Ray cluster has one" in on_cuda.data.tags["error"]
         assert "1 variant(s) failed: llama_decode_compile_cuda" in proc.stderr
+
+
+def test_a_benchmark_no_node_can_host_is_refused_before_any_run(tmp_path):
+    import os
+
+    too_many = (os.cpu_count() or 1) * 8
+    proc = sweep(tmp_path, f"bench.threads={too_many}")
+    assert proc.returncode != 0
+    assert f"bench.threads={too_many} exceeds the" in proc.stderr
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("phasesweep")
+    assert exp is None or not client.search_runs([exp.experiment_id])

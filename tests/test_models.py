@@ -48,3 +48,18 @@ def test_checkpoint_without_safetensors_is_refused(tmp_path):
 def test_missing_checkpoint_names_the_key(tmp_path):
     with pytest.raises(FileNotFoundError, match="model.checkpoint=.*no config.json"):
         build_model(model_spec("llama", checkpoint=str(tmp_path / "nope")))
+
+
+@pytest.mark.parametrize("name,size,params", [("llama", "1b", 1_235_814_400), ("phi3", "mini", 3_821_079_552)])
+def test_real_size_presets_match_the_published_architectures(name, size, params):
+    """Built on the meta device (no memory): the parameter count of Llama-3.2-1B / Phi-3-mini."""
+    import yaml
+
+    from tasks.models import _classes
+    from tests.conftest import CONF
+
+    cfg = yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text())
+    config_cls, model_cls = _classes(cfg["family"])
+    with torch.device("meta"):
+        model = model_cls(config_cls(**cfg["sizes"][size]))
+    assert sum(p.numel() for p in model.parameters()) == params

@@ -137,3 +137,20 @@ def test_eager_and_compile_share_one_reference_export():
 def test_sweep_wide_groups_cannot_vary_within_one_sweep():
     with pytest.raises(ConfigError, match=r"tracking.\* must be the same for every job of a sweep"):
         plan_of(**{"tracking.experiment": "a,b"})
+
+
+@pytest.mark.parametrize(
+    "model,size,params", [("llama", "1b", 1_235_814_400), ("phi3", "mini", 3_821_079_552), ("llama", "tiny", None)]
+)
+def test_driver_estimates_weight_bytes_without_torch(model, size, params):
+    """The driver sizes memory requests from the config: within 0.01% of the real count."""
+    from orchestrator.variant import estimated_parameters
+
+    v = plan_of(model=model, **{"model.size": size}).variants[0].variant
+    if params:
+        assert estimated_parameters(v.model.arch) == pytest.approx(params, rel=1e-4)
+        assert v.weight_bytes == pytest.approx(4 * params, rel=1e-4)
+    else:
+        from tasks.models import build_model
+
+        assert estimated_parameters(v.model.arch) == sum(p.numel() for p in build_model(v.model).parameters())

@@ -82,3 +82,15 @@ def test_two_cpu_benchmarks_never_overlap(scheduler):
     sched._bench = window
     spans = sorted(result for _, _, result in sched.results())
     assert len(spans) == 2 and spans[0][1] <= spans[1][0]
+
+
+def test_memory_requests_follow_model_size(scheduler):
+    sched, _ = scheduler
+    mem = sched.capacity.memory
+    assert mem > 0
+    assert "exceed the" in sched.placement_error("cpu", mem + 1)
+    assert sched.placement_error("cpu", 10**6) is None
+    assert sched.memory_warning(10**6, "onnx") is None
+    assert "may not fit" in sched.memory_warning(mem // 2, "executorch")  # 4x the weights at peak
+    opts, _ = sched.bench_options("cpu", 1, {}, weight_bytes=mem // 2)
+    assert opts["memory"] == min(int(mem // 2 * 1.5), mem)
