@@ -216,7 +216,7 @@ class SweepRun:
             metrics={f"variants_{k}": v for k, v in counts.items()} | {"sweep_seconds": seconds},
             tags={"status": "failed" if counts["failed"] else "ok"},
         )
-        self.tracker.client.log_text(self.parent, text + "\n", "summary.txt")
+        self.tracker.log_text(self.parent, text + "\n", "summary.txt")
         self.tracker.log_dict(self.parent, rows, "summary.json")
         self.tracker.end(self.parent, "FAILED" if counts["failed"] else "FINISHED")
         return text

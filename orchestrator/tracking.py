@@ -84,13 +84,16 @@ class Tracker:
         )
         run_id = run.info.run_id
         self.log(run_id, params=params, tags=tags)
-        self.client.log_text(run_id, config_yaml, "config.yaml")
+        self.log_text(run_id, config_yaml, "config.yaml")
         return run_id
 
     def log_dict(self, run_id: str, obj: Any, name: str) -> None:
         self.client.log_text(run_id, json.dumps(obj, indent=1, default=str), name)
 
+    def log_text(self, run_id: str, text: str, name: str) -> None:
+        self.client.log_text(run_id, text, name)
+
     def log_failure(self, run_id: str, stage: str, error: str, traceback: str) -> None:
         self.log(run_id, tags={"status": "failed", "failure_stage": stage, "error": error})
         if traceback:
-            self.client.log_text(run_id, traceback, "error.txt")
+            self.log_text(run_id, traceback, "error.txt")
