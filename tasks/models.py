@@ -77,6 +77,7 @@ def model_dims(model: torch.nn.Module) -> dict[str, int]:
         "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
         "vocab": cfg.vocab_size,
         "max_positions": cfg.max_position_embeddings,
+        "sliding_window": getattr(cfg, "sliding_window", None) or 0,  # 0: full attention
     }
 
 

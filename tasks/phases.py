@@ -36,6 +36,16 @@ class PhaseData:
 def check_phase(phase: PhaseSpec, dims: dict[str, int]) -> None:
     """Shapes must fit the model; the error names the key, the value and the limit."""
     limit = dims["max_positions"]
+    window = dims.get("sliding_window", 0)
+    span = phase.prompt_len if phase.name == "prefill" else phase.context_len + phase.parity_steps
+    if window and span > window:
+        # phasesweep's attention modules attend over the whole cache: past the window the
+        # model (and its eager reference) would attend differently
+        raise ValueError(
+            f"the model attends within a sliding_window={window}, and phase needs {span} positions "
+            f"(phase.{'prompt_len' if phase.name == 'prefill' else 'context_len + parity_steps'}); "
+            f"phasesweep's attention is full attention: keep it <= {window}"
+        )
     if phase.name == "prefill":
         if not 1 <= phase.prompt_len <= limit:
             raise ValueError(

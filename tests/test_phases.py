@@ -67,3 +67,12 @@ def test_inputs_are_deterministic_per_seed(model):
 def test_phase_that_does_not_fit_the_model_is_refused(model, phase, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         check_phase(phase, model_dims(model))
+
+
+def test_sliding_window_models_refuse_spans_past_the_window():
+    dims = {"max_positions": 4096, "sliding_window": 2047}
+    check_phase(PhaseSpec("decode", 1, context_len=2039, parity_steps=8), dims)  # 2047 positions: fine
+    with pytest.raises(ValueError, match="sliding_window=2047, and phase needs 2048 positions"):
+        check_phase(PhaseSpec("decode", 1, context_len=2040, parity_steps=8), dims)
+    with pytest.raises(ValueError, match="phase.prompt_len"):
+        check_phase(PhaseSpec("prefill", 1, prompt_len=3000), dims)
