@@ -139,3 +139,30 @@ def latest_sweeps(client: Any, experiment: str, count: int = 2) -> list[str]:
         max_results=count,
     )
     return [r.info.run_id for r in reversed(runs)]
+
+
+def latency_plot(outcomes: list[Outcome], path: str) -> bool:
+    """Median latency per measured variant (bar), with its p90 (whisker), one row each,
+    grouped by phase; False when nothing was measured."""
+    done = [o for o in outcomes if o.status == "ok" and "latency_ms_median" in o.metrics]
+    if not done:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done.sort(key=lambda o: (o.name.split("_")[1], o.name))
+    medians = [o.metrics["latency_ms_median"] for o in done]
+    p90 = [o.metrics["latency_ms_p90"] - o.metrics["latency_ms_median"] for o in done]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(done) + 1.2))
+    colors = ["tab:red" if o.unstable else "tab:blue" for o in done]
+    ax.barh(range(len(done)), medians, xerr=[[0] * len(done), p90], color=colors, capsize=3)
+    ax.set_yticks(range(len(done)), [o.name for o in done], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("latency per call, ms (bar: median, whisker: p90; red: unstable)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.plan import Plan, PlannedVariant, make_plan
-from orchestrator.report import Outcome, say, summary_rows, table
+from orchestrator.report import Outcome, latency_plot, say, summary_rows, table
 from orchestrator.scheduler import Scheduler
 from orchestrator.tracking import Tracker, ui_command
 from orchestrator.variant import Variant
@@ -218,6 +218,10 @@ class SweepRun:
         )
         self.tracker.log_text(self.parent, text + "\n", "summary.txt")
         self.tracker.log_dict(self.parent, rows, "summary.json")
+        plot = self.out_dir / "latency.png"
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if latency_plot(outs, str(plot)):
+            self.tracker.artifact(self.parent, plot)
         self.tracker.end(self.parent, "FAILED" if counts["failed"] else "FINISHED")
         return text
 

@@ -72,6 +72,8 @@ def test_summary_table_and_ui_command_are_printed(first_sweep, workdir):
 def test_one_parent_and_a_named_child_per_variant(client):
     parents = [r for r in runs(client) if r.data.tags.get("phasesweep.role") == "sweep"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    files = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
+    assert {"summary.txt", "summary.json", "latency.png"} <= files
     kids = children(client, parents[0].info.run_id)
     assert set(kids) == NAMES
     for name, run in kids.items():
