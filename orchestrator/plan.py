@@ -41,7 +41,7 @@ class PlannedVariant:
     variant: Variant
     config: DictConfig  # the composed config (without the hydra node)
     jobs: list[int] = field(default_factory=list)  # Hydra job indices this variant answers
-    resources: tuple[dict[str, Any], str] | None = None  # Ray options + capacity pool, set by the scheduler
+    resources: tuple[dict[str, Any], str] | None = None  # Ray options + capacity pool, from Scheduler.bench_options
 
     @property
     def export_key(self) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import BackendCfg, DeviceCfg, SweepPoint
-from tasks.specs import BenchOptions, ModelSpec, PhaseSpec
+from tasks.specs import DTYPE_BYTES, BenchOptions, ModelSpec, PhaseSpec
 
 TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks"
 # libraries whose version changes what an export produces
@@ -48,9 +48,6 @@ def _checkpoint_identity(path: str | None) -> dict[str, Any] | None:
         "path": str(root),
         "files": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files if p.exists()],
     }
-
-
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def estimated_parameters(arch: dict[str, Any]) -> int:

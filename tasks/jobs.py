@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.specs import BenchResult, BenchSpec, ExportResult, ExportSpec, Failure
+from tasks.specs import DTYPE_BYTES, BenchResult, BenchSpec, ExportResult, ExportSpec, Failure
 
 META = "meta.json"
 INPUTS = "inputs.npz"  # the timed call's feeds, by graph input name
@@ -131,7 +131,7 @@ def _decode_bandwidth(
     over) per second of median latency, and on CUDA its fraction of the device's peak."""
     from tasks.environment import peak_bandwidth_gbs
 
-    element = {"float32": 4, "float16": 2, "bfloat16": 2}[spec.model.dtype]
+    element = DTYPE_BYTES[spec.model.dtype]
     weights = meta["details"]["parameters"] * element
     cache = sum(a.nbytes for n, a in feeds.items() if n.startswith("past_key_values."))
     achieved = (weights + cache) / (median_ms / 1e3) / 1e9

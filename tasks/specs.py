@@ -13,7 +13,8 @@ from typing import Any
 # The values each choice-valued key accepts; the driver validates against these before any
 # work starts, and the torch-side registries (kv_cache.py, sdpa.py, models.py) match them.
 FAMILIES = ("llama", "phi3")
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+DTYPES = tuple(DTYPE_BYTES)
 KV_CACHES = ("static", "dynamic")
 ATTENTIONS = ("sdpa", "math")
 PHASES = ("prefill", "decode")
