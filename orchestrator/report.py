@@ -142,12 +142,13 @@ def latest_sweeps(client: Any, experiment: str, count: int = 2) -> list[str]:
 
 
 def latency_plot(outcomes: list[Outcome], path: str) -> bool:
-    """Median latency per measured variant (bar), with its p90 (whisker), one row each,
-    grouped by phase; False when nothing was measured."""
+    """Median latency per measured variant (dot), with its p90 (whisker), one row each,
+    grouped by phase, on a log axis; False when nothing was measured."""
     done = [o for o in outcomes if o.status == "ok" and "latency_ms_median" in o.metrics]
     if not done:
         return False
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -156,12 +157,18 @@ def latency_plot(outcomes: list[Outcome], path: str) -> bool:
     medians = [o.metrics["latency_ms_median"] for o in done]
     p90 = [o.metrics["latency_ms_p90"] - o.metrics["latency_ms_median"] for o in done]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(done) + 1.2))
-    colors = ["tab:red" if o.unstable else "tab:blue" for o in done]
-    ax.barh(range(len(done)), medians, xerr=[[0] * len(done), p90], color=colors, capsize=3)
+    for i, o in enumerate(done):  # dots, not bars: a bar's length means nothing on a log axis
+        ax.errorbar(
+            medians[i], i, xerr=[[0], [p90[i]]], fmt="o", capsize=3, color="tab:red" if o.unstable else "tab:blue"
+        )
     ax.set_yticks(range(len(done)), [o.name for o in done], fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")
-    ax.set_xlabel("latency per call, ms (bar: median, whisker: p90; red: unstable)")
+    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.grid(axis="x", which="both", alpha=0.3)
+    ax.set_xlabel("latency per call, ms (dot: median, whisker: p90; red: unstable)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
