@@ -1,46 +1,38 @@
 """Config schemas, validated in the driver before any work starts.
 
 Each config group is merged onto a dataclass schema (types, unknown keys), then checked
-for allowed values. Every error names the key, the value and what is allowed.
+for allowed values, the phase against the model's dimensions, and each backend's options
+against the typed Options of its export format and runtime modules. Every error names the
+key, the value and what is allowed. Identical errors of many jobs are reported once.
 """
 
 from __future__ import annotations
 
-import importlib.util
-from dataclasses import dataclass, field, fields
+import json
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from tasks.export import format_module
+from tasks.families import FAMILIES, model_dims
+from tasks.phases import phase_module
+from tasks.runtimes import runtime_module
 from tasks.specs import (
     ATTENTIONS,
     DEVICES,
     DTYPES,
-    EXPORT_FORMATS,
-    FAMILIES,
     KV_CACHES,
-    PHASES,
     BenchOptions,
+    ConfigError,
     PhaseSpec,
+    at_least,
+    choice,
 )
 
-
-class ConfigError(ValueError):
-    """A config value that cannot run; the message names the key, the value and the choices."""
-
-
-def choice(key: str, value: Any, allowed: Any) -> None:
-    allowed = list(allowed)
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
-
-
-def at_least(key: str, value: Any, low: float, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if value is None or value < low:
-        raise ConfigError(f"{key}={value!r} must be >= {low:g}" + (" (or null)" if optional else ""))
+__all__ = ["ConfigError", "SweepPoint", "validate", "validate_all"]
 
 
 @dataclass
@@ -62,20 +54,54 @@ class ModelCfg:
         choice("model.kv_cache", self.kv_cache, KV_CACHES)
         choice("model.attention", self.attention, ATTENTIONS)
 
+    def architecture(self) -> dict[str, Any]:
+        """The transformers config: the size preset's, or the checkpoint's config.json."""
+        if not self.checkpoint:
+            return dict(self.sizes[self.size])
+        path = Path(self.checkpoint).expanduser() / "config.json"
+        try:
+            return json.loads(path.read_text())
+        except OSError as e:
+            raise ConfigError(
+                f"model.checkpoint={self.checkpoint!r}: cannot read {path} ({e.strerror or e}); "
+                "expected a local Hugging Face model directory (save_pretrained output)"
+            ) from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"model.checkpoint={self.checkpoint!r}: {path} is not valid JSON ({e})") from None
+
 
 @dataclass
 class BackendCfg:
     name: str
-    export_format: str
+    export_format: str  # a module of tasks/export/ or an importable module path
     devices: list[str]
-    options: dict[str, Any] = field(default_factory=dict)
+    runtime: str | None = None  # a module of tasks/runtimes/ or an importable module path; None: name
+    export_options: dict[str, Any] = field(default_factory=dict)  # typed by the format's Options
+    options: dict[str, Any] = field(default_factory=dict)  # typed by the runtime's Options
 
     def check(self) -> None:
-        choice("backend.export_format", self.export_format, EXPORT_FORMATS)
         for d in self.devices:
             choice("backend.devices[]", d, DEVICES)
-        if importlib.util.find_spec(f"tasks.runtimes.{self.name}") is None:
-            raise ConfigError(f"backend.name={self.name!r} has no runtime module tasks/runtimes/{self.name}.py")
+        self.runtime = self.runtime or self.name
+        fmt, rt = format_module(self.export_format), runtime_module(self.runtime)
+        self.export_options = typed("backend.export_options", fmt.Options, self.export_options)
+        self.options = typed("backend.options", rt.Options, self.options)
+
+
+def typed(key: str, schema: type, values: Any) -> dict[str, Any]:
+    """Options checked against a module's Options dataclass: unknown keys and wrong types
+    are refused with the allowed keys; its __post_init__ checks the values. Returns the
+    complete options (defaults filled in) as a plain dict."""
+    allowed = ", ".join(f.name for f in fields(schema)) or "(none)"
+    base = OmegaConf.structured(schema)
+    OmegaConf.set_readonly(base, False)
+    try:
+        merged = OmegaConf.to_container(OmegaConf.merge(base, values or {}), resolve=True)
+    except ConfigKeyError as e:
+        raise ConfigError(f"{key}.{e.key} is not a known key; allowed keys: {allowed}") from None
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{key}.{e.key}={OmegaConf.select(values, str(e.key))!r}: {str(e).splitlines()[0]}") from None
+    return asdict(schema(**merged))
 
 
 @dataclass
@@ -114,21 +140,10 @@ class ClusterCfg:
         at_least("cluster.max_retries", self.max_retries, 0)
 
 
-def check_phase(p: PhaseSpec) -> None:
-    choice("phase.name", p.name, PHASES)
-    at_least("phase.batch", p.batch, 1)
-    if p.name == "prefill":
-        at_least("phase.prompt_len", p.prompt_len, 1)
-    else:
-        at_least("phase.context_len", p.context_len, 1)
-        at_least("phase.parity_steps", p.parity_steps, 1)
-        at_least("phase.cache_len", p.cache_len, 1, optional=True)
-
-
 def check_bench(b: BenchOptions) -> None:
     for key in ("warmup_iters", "min_iters", "max_iters"):
         at_least(f"bench.{key}", getattr(b, key), 1)
-    for key in ("warmup_max_seconds", "min_seconds", "max_seconds", "cv_threshold", "parity_atol"):
+    for key in ("warmup_max_seconds", "min_seconds", "max_seconds", "target_ci", "unstable_iqr", "parity_atol"):
         at_least(f"bench.{key}", getattr(b, key), 0)
     at_least("bench.threads", b.threads, 1, optional=True)
     if b.min_iters > b.max_iters:
@@ -137,7 +152,8 @@ def check_bench(b: BenchOptions) -> None:
 
 @dataclass
 class SweepPoint:
-    """One composed config, validated: what a single grid point asks for."""
+    """One composed config, validated: what a single grid point asks for. Its phase is
+    normalised by the phase's module; `arch` is the model's transformers config."""
 
     model: ModelCfg
     phase: PhaseSpec
@@ -146,6 +162,7 @@ class SweepPoint:
     bench: BenchOptions
     tracking: TrackingCfg
     cluster: ClusterCfg
+    arch: dict[str, Any] = field(default_factory=dict)
 
 
 _SCHEMAS = {
@@ -165,7 +182,7 @@ def _section(cfg: DictConfig, key: str) -> Any:
         raise ConfigError(f"config group '{key}' is missing; choose one from conf/{key}/")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), cfg[key])
-        return OmegaConf.to_object(merged)
+        obj = OmegaConf.to_object(merged)
     except ConfigKeyError as e:
         allowed = ", ".join(f.name for f in fields(schema))
         raise ConfigError(f"{key}.{e.key} is not a known key; allowed keys: {allowed}") from None
@@ -173,6 +190,8 @@ def _section(cfg: DictConfig, key: str) -> Any:
         value = OmegaConf.select(cfg, f"{key}.{e.key}", default=None) if e.key else None
         msg = str(e).splitlines()[0]
         raise ConfigError(f"{key}.{e.key}={value!r}: {msg}") from None
+    assert is_dataclass(obj)
+    return obj
 
 
 def validate(cfg: DictConfig) -> SweepPoint:
@@ -182,10 +201,50 @@ def validate(cfg: DictConfig) -> SweepPoint:
         raise ConfigError(f"unknown top-level key(s) {', '.join(unknown)}; allowed: {', '.join(_SCHEMAS)}")
     point = SweepPoint(**{key: _section(cfg, key) for key in _SCHEMAS})
     point.model.check()
-    check_phase(point.phase)
     point.backend.check()
     point.device.check()
     check_bench(point.bench)
     point.cluster.check()
     point.tracking.check()
+    phase = phase_module(point.phase.name)
+    point.phase = phase.normalize(point.phase, point.model.kv_cache)
+    phase.check(point.phase)  # what the config alone decides ...
+    point.arch = point.model.architecture()
+    try:
+        dims = model_dims(point.model.family, point.arch)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"model.checkpoint={point.model.checkpoint!r}: config.json lacks {e}") from None
+    phase.check(point.phase, dims)  # ... and against the model's dimensions
     return point
+
+
+def validate_all(configs: list[DictConfig], overrides: list[list[str]]) -> list[SweepPoint]:
+    """Every job validated; all errors at once, each distinct message once with the jobs
+    it affects (a 1,000-job grid with one bad value prints one line, not 1,000)."""
+    points: list[SweepPoint] = []
+    errors: dict[str, list[int]] = {}
+    for idx, cfg in enumerate(configs):
+        try:
+            points.append(validate(cfg))
+        except ConfigError as e:
+            errors.setdefault(str(e), []).append(idx)
+    if errors:
+        lines = [msg + _jobs_text(jobs, overrides, len(configs)) for msg, jobs in errors.items()]
+        raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
+    for group in ("tracking", "cluster"):  # one sweep is one MLflow parent run on one Ray
+        values = {repr(getattr(p, group)) for p in points}
+        if len(values) > 1:
+            raise ConfigError(
+                f"{group}.* must be the same for every job of a sweep; got {len(values)} different "
+                f"settings (sweep {group} options in separate invocations)"
+            )
+    return points
+
+
+def _jobs_text(jobs: list[int], overrides: list[list[str]], total: int, shown: int = 3) -> str:
+    if total == 1:
+        return ""
+    listed = ", ".join(f"#{j} ({' '.join(overrides[j])})" for j in jobs[:shown])
+    more = f" and {len(jobs) - shown} more" if len(jobs) > shown else ""
+    return f"  [{len(jobs)} of {total} jobs: {listed}{more}]"
+

@@ -1,16 +1,29 @@
-"""Grid -> valid variants (named) + skipped ones (with reasons) -> deduplicated export jobs."""
+"""Grid -> valid variants (named, resolved) + skipped ones (with reasons) -> deduplicated
+export jobs. The plan is final when made: nothing mutates it afterwards."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
-from orchestrator.config import ConfigError, SweepPoint, validate
+from orchestrator.config import SweepPoint
+from orchestrator.placement import (
+    Capacity,
+    Request,
+    bench_request,
+    bench_threads,
+    export_request,
+    memory_warning,
+    placement_error,
+)
 from orchestrator.variant import Variant
-from tasks.specs import ExportSpec
+from tasks.export import format_module
+from tasks.runtimes import runtime_module
+from tasks.specs import BenchSpec, ExportSpec
 
 # how a varying axis reads in a variant name; others read `{leaf}{value}`
 SHORT = {
@@ -35,20 +48,32 @@ def suffix(key: str, value: Any) -> str:
     return f"{prefix}{text}".replace("/", "-").replace(" ", "")
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlannedVariant:
+    """One variant, resolved: its benchmark's spec and resources are final when planned."""
+
     name: str
-    variant: Variant
+    variant: Variant  # bench.threads resolved against the cluster
     config: DictConfig  # the composed config (without the hydra node)
-    jobs: list[int] = field(default_factory=list)  # Hydra job indices this variant answers
-    resources: tuple[dict[str, Any], str] | None = None  # Ray options + capacity pool, from Scheduler.bench_options
+    jobs: tuple[int, ...]  # Hydra job indices this variant answers
+    bench: BenchSpec
+    request: Request  # the benchmark's Ray options and pool
+    unplaceable: str | None = None  # why no node can run it: it fails before any export
+    warning: str | None = None
 
     @property
     def export_key(self) -> str:
         return self.variant.export_key
 
 
-@dataclass
+@dataclass(frozen=True)
+class ExportJob:
+    spec: ExportSpec
+    request: Request
+    variants: tuple[str, ...]  # names of the variants it serves
+
+
+@dataclass(frozen=True)
 class Skipped:
     job: int
     name: str
@@ -56,16 +81,26 @@ class Skipped:
     variant: Variant
     config: DictConfig
 
+    @property
+    def key(self) -> str:
+        """Unique among a sweep's outcomes: several jobs may skip the same combination."""
+        return f"{self.name} (job #{self.job})"
 
-@dataclass
+
+@dataclass(frozen=True)
 class Plan:
     point: SweepPoint  # the first job's settings for the sweep-wide groups (tracking, cluster)
-    variants: list[PlannedVariant]
-    skipped: list[Skipped]
-    exports: dict[str, ExportSpec]  # export key -> the one job that fills it
+    capacity: Capacity
+    variants: tuple[PlannedVariant, ...]
+    skipped: tuple[Skipped, ...]
+    exports: dict[str, ExportJob]  # export key -> the one job that fills it
 
-    def by_export(self, key: str) -> list[PlannedVariant]:
-        return [pv for pv in self.variants if pv.export_key == key]
+    def variant(self, name: str) -> PlannedVariant:
+        return self._by_name[name]
+
+    @cached_property
+    def _by_name(self) -> dict[str, PlannedVariant]:
+        return {pv.name: pv for pv in self.variants}
 
 
 def _swept_keys(overrides: list[list[str]]) -> set[str]:
@@ -109,25 +144,13 @@ def _export_dir(cache: Path, v: Variant) -> str:
     return str(cache / f"{v.model.name}_{v.phase.name}_{v.backend.export_format}-{v.export_key[:16]}")
 
 
-def make_plan(configs: list[DictConfig], overrides: list[list[str]]) -> Plan:
-    """Validate every job's config (all errors at once), then plan the whole grid."""
-    points, errors = [], []
-    for idx, cfg in enumerate(configs):
-        try:
-            points.append(validate(cfg))
-        except ConfigError as e:
-            where = f"job #{idx} ({' '.join(overrides[idx])}): " if len(configs) > 1 else ""
-            errors.append(f"{where}{e}")
-    if errors:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
-    for group in ("tracking", "cluster"):  # one sweep is one MLflow parent run on one Ray
-        values = {repr(getattr(p, group)) for p in points}
-        if len(values) > 1:
-            raise ConfigError(
-                f"{group}.* must be the same for every job of a sweep; got {len(values)} different "
-                f"settings (sweep {group} options in separate invocations)"
-            )
-
+def make_plan(
+    points: list[SweepPoint], configs: list[DictConfig], overrides: list[list[str]], capacity: Capacity
+) -> Plan:
+    """The whole grid, resolved against the cluster's capacity: named variants with their
+    benchmark specs and resources, skipped combinations with reasons, deduplicated export
+    jobs. Raises ConfigError for a request no node can meet, before any run exists."""
+    cluster = points[0].cluster
     valid: list[tuple[int, Variant, DictConfig]] = []
     skipped: list[Skipped] = []
     for idx, (point, cfg) in enumerate(zip(points, configs, strict=True)):
@@ -139,32 +162,70 @@ def make_plan(configs: list[DictConfig], overrides: list[list[str]]) -> Plan:
             )
             skipped.append(Skipped(idx, v.base_name, reason, v, cfg))
             continue
-        valid.append((idx, v, cfg))
+        threads = bench_threads(capacity, v.device.name, v.bench.threads)  # "all cores" of a bench node
+        valid.append((idx, replace(v, bench=replace(v.bench, threads=threads)), cfg))
 
-    unique: dict[str, PlannedVariant] = {}
-    order: list[PlannedVariant] = []
-    for idx, v, cfg in valid:
-        ident = v.identity()
-        if ident in unique:  # e.g. a decode-only axis swept over a prefill variant
-            unique[ident].jobs.append(idx)
-            continue
-        pv = PlannedVariant("", v, cfg, [idx])
-        unique[ident] = pv
-        order.append(pv)
-    for pv, name in zip(order, _name_variants([pv.variant for pv in order], overrides), strict=True):
-        pv.name = name
+    unique: dict[str, tuple[Variant, DictConfig, list[int]]] = {}
+    for idx, v, cfg in valid:  # equal work is one variant, e.g. a decode-only axis swept over prefill
+        unique.setdefault(v.identity(), (v, cfg, []))[2].append(idx)
+    order = list(unique.values())
+    names = _name_variants([v for v, _, _ in order], overrides)
 
-    cache = Path(points[0].cluster.export_cache).expanduser().resolve()
-    exports: dict[str, ExportSpec] = {}
-    for pv in order:
-        v = pv.variant
-        if v.export_key not in exports:
-            exports[v.export_key] = ExportSpec(
-                key=v.export_key,
-                model=v.model,
-                phase=v.phase,
-                export_format=v.backend.export_format,
-                out_dir=_export_dir(cache, v),
-                options=dict(v.backend.options),
+    cache = Path(cluster.export_cache).expanduser().resolve()
+    planned: list[PlannedVariant] = []
+    users: dict[str, list[str]] = {}
+    for name, (v, cfg, jobs) in zip(names, order, strict=True):
+        runtime = runtime_module(v.backend.runtime)
+        fmt = format_module(v.backend.export_format)
+        request = bench_request(
+            capacity,
+            v.device.name,
+            v.bench.threads,
+            v.device.resources,
+            v.weight_bytes,
+            runtime.MEMORY_FACTOR,
+            cluster.max_retries,
+        )
+        bench = BenchSpec(
+            variant=name,
+            runtime=v.backend.runtime,
+            device=v.device.name,
+            model=v.model,
+            phase=v.phase,
+            export_dir=_export_dir(cache, v),
+            bench=v.bench,
+            runtime_options=dict(v.backend.options),
+            peak_bandwidth_gbs=v.device.peak_bandwidth_gbs,
+        )
+        peak = max(fmt.MEMORY_FACTOR, runtime.MEMORY_FACTOR)
+        planned.append(
+            PlannedVariant(
+                name,
+                v,
+                cfg,
+                tuple(jobs),
+                bench,
+                request,
+                unplaceable=placement_error(capacity, v.device.name, v.weight_bytes),
+                warning=memory_warning(capacity, v.weight_bytes, v.backend.export_format, peak),
             )
-    return Plan(points[0], order, skipped, exports)
+        )
+        users.setdefault(v.export_key, []).append(name)
+
+    exports: dict[str, ExportJob] = {}
+    for pv in planned:
+        v = pv.variant
+        if v.export_key in exports:
+            continue
+        fmt = format_module(v.backend.export_format)
+        spec = ExportSpec(
+            key=v.export_key,
+            model=v.model,
+            phase=v.phase,
+            export_format=v.backend.export_format,
+            out_dir=pv.bench.export_dir,
+            options=dict(v.backend.export_options),
+        )
+        request = export_request(capacity, fmt.RESOURCES, v.weight_bytes, fmt.MEMORY_FACTOR, cluster.max_retries)
+        exports[v.export_key] = ExportJob(spec, request, tuple(users[v.export_key]))
+    return Plan(points[0], capacity, tuple(planned), tuple(skipped), exports)

@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
 from typing import Any
+
+from orchestrator.outcome import Outcome, Status
+from tasks.specs import PAST
 
 
 def say(msg: str) -> None:
-    print(msg, flush=True)
-
-
-@dataclass
-class Outcome:
-    """Where one variant stands, and what the summary shows of it."""
-
-    name: str
-    status: str = "planned"  # planned | running | ok | failed | skipped
-    run_id: str | None = None
-    shapes: dict[str, list[int]] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)
-    stage: str | None = None
-    error: str | None = None
-    unstable: bool = False
-
-    @property
-    def ended(self) -> bool:
-        return self.status in ("ok", "failed", "skipped")
+    """One line of the driver's output, through the "phasesweep" logger: conf/hydra/job_logging/
+    prints it as is on stdout and writes it to the run's (or sweep's) log file."""
+    logging.getLogger("phasesweep").info(msg)
 
 
 def shapes_text(shapes: dict[str, list[int]]) -> str:
@@ -34,10 +21,8 @@ def shapes_text(shapes: dict[str, list[int]]) -> str:
     def dims(s: list[int]) -> str:
         return "[" + ",".join(map(str, s)) + "]"
 
-    past = [s for n, s in shapes.items() if n.startswith("past_key_values.")]
-    parts = [
-        f"{'pos' if n == 'cache_position' else n}{dims(s)}" for n, s in shapes.items() if not n.startswith("past_")
-    ]
+    past = [s for n, s in shapes.items() if n.startswith(PAST)]
+    parts = [f"{'pos' if n == 'cache_position' else n}{dims(s)}" for n, s in shapes.items() if not n.startswith(PAST)]
     if past:
         parts.append(f"kv {len(past)}x{dims(past[0])}")
     return " ".join(parts)
@@ -48,14 +33,20 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def status_text(o: Outcome) -> str:
-    if o.status == "ok":
-        cv = o.metrics.get("latency_cv", 0.0)
-        return f"ok, unstable (cv {cv:.0%})" if o.unstable else "ok"
-    if o.status == "failed":
-        return f"FAILED {o.stage}: {o.error}"
-    if o.status == "skipped":
-        return f"skipped: {o.error}"
-    return o.status
+    if o.status == Status.OK:
+        spread = o.metrics.get("latency_iqr_rel", 0.0)
+        return f"ok, unstable (iqr {spread:.0%})" if o.unstable else "ok"
+    if o.status == Status.FAILED:
+        return f"FAILED {o.stage}: {fold(o.error or '')}"
+    if o.status in (Status.SKIPPED, Status.ABORTED):
+        return f"{o.status}: {fold(o.error or '')}"
+    return str(o.status)
+
+
+def fold(text: str, width: int = 120) -> str:
+    """One line for the table: the first line of a message, cut at `width`."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return first if len(first) <= width else first[: width - 3] + "..."
 
 
 def parity_text(m: dict[str, float]) -> str:
@@ -80,6 +71,38 @@ def summary_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
     ]
 
 
+def plan_text(plan: Any) -> str:
+    """The dry run's view of a plan: every variant with its benchmark's resources, every
+    export job with its own and the variants it serves, every skipped combination."""
+    rows = [
+        {
+            "variant": pv.name,
+            "export": pv.export_key[:12],
+            "bench_resources": _resources(pv.request),
+            "note": pv.unplaceable or pv.warning or "",
+        }
+        for pv in plan.variants
+    ]
+    exports = [
+        {"export": key[:12], "format": job.spec.export_format, "resources": _resources(job.request), "serves": len(job.variants)}
+        for key, job in plan.exports.items()
+    ]
+    skipped = [{"skipped": s.key, "reason": s.reason} for s in plan.skipped]
+    parts = [table(rows), table(exports)] + ([table(skipped)] if skipped else [])
+    return "\n\n".join(parts)
+
+
+def _resources(request: Any) -> str:
+    opts = request.options
+    parts = [f"cpu={opts.get('num_cpus', 0):g}"]
+    if opts.get("num_gpus"):
+        parts.append(f"gpu={opts['num_gpus']:g}")
+    if opts.get("memory"):
+        parts.append(f"mem={opts['memory'] / 2**30:.1f}GiB")
+    parts += [f"{k}={v:g}" for k, v in opts.get("resources", {}).items()]
+    return " ".join(parts) + f" [{request.pool}]"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no variants)"
@@ -94,57 +117,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join([line(header), "  ".join("-" * width[c] for c in cols), *map(line, rows)])
 
 
-def compare_rows(a: dict[str, dict[str, float]], b: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
-    """Per variant in both sweeps: median B / median A, against the noise each reported.
-
-    The noise band is the larger of the two runs' coefficients of variation: a variant is
-    `within noise` when |ratio - 1| does not exceed it."""
-    rows = []
-    for name in sorted(set(a) & set(b)):
-        ma, mb = a[name], b[name]
-        if "latency_ms_median" not in ma or "latency_ms_median" not in mb:
-            continue
-        ratio = mb["latency_ms_median"] / ma["latency_ms_median"]
-        noise = max(ma.get("latency_cv", 0.0), mb.get("latency_cv", 0.0))
-        rows.append(
-            {
-                "variant": name,
-                "median_ms_a": f"{ma['latency_ms_median']:.4f}",
-                "median_ms_b": f"{mb['latency_ms_median']:.4f}",
-                "ratio_b_a": f"{ratio:.3f}",
-                "noise_cv": f"{noise:.1%}",
-                "verdict": "within noise" if abs(ratio - 1) <= noise else "OUTSIDE noise",
-            }
-        )
-    return rows
-
-
-def sweep_metrics(client: Any, parent_run_id: str) -> dict[str, dict[str, float]]:
-    """{variant name: metrics} of one sweep's child runs that ended ok."""
-    parent = client.get_run(parent_run_id)
-    runs = client.search_runs(
-        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10_000
-    )
-    return {r.info.run_name: r.data.metrics for r in runs if r.data.tags.get("status") == "ok"}
-
-
-def latest_sweeps(client: Any, experiment: str, count: int = 2) -> list[str]:
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        raise SystemExit(f"no MLflow experiment named {experiment!r}")
-    runs = client.search_runs(
-        [exp.experiment_id],
-        filter_string="tags.`phasesweep.role` = 'sweep'",
-        order_by=["attributes.start_time DESC"],
-        max_results=count,
-    )
-    return [r.info.run_id for r in reversed(runs)]
-
-
 def latency_plot(outcomes: list[Outcome], path: str) -> bool:
     """Median latency per measured variant (dot), with its p90 (whisker), one row each,
     grouped by phase, on a log axis; False when nothing was measured."""
-    done = [o for o in outcomes if o.status == "ok" and "latency_ms_median" in o.metrics]
+    done = [o for o in outcomes if o.status == Status.OK and "latency_ms_median" in o.metrics]
     if not done:
         return False
     import matplotlib
@@ -153,7 +129,7 @@ def latency_plot(outcomes: list[Outcome], path: str) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done.sort(key=lambda o: (o.name.split("_")[1], o.name))
+    done.sort(key=lambda o: (o.axes.get("phase", ""), o.name))
     medians = [o.metrics["latency_ms_median"] for o in done]
     p90 = [o.metrics["latency_ms_p90"] - o.metrics["latency_ms_median"] for o in done]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(done) + 1.2))

@@ -1,4 +1,4 @@
-"""The one entry point for a single run and a sweep alike: compose -> plan -> export ->
+"""The one entry point for a single run and a sweep alike: validate -> plan -> export ->
 benchmark -> record. `run_sweep` reads top to bottom as one grid point's life."""
 
 from __future__ import annotations
@@ -6,18 +6,20 @@ from __future__ import annotations
 import platform
 import subprocess
 import time
-from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.plan import Plan, PlannedVariant, make_plan
-from orchestrator.report import Outcome, latency_plot, say, summary_rows, table
+from orchestrator.config import validate_all
+from orchestrator.outcome import Outcome, Status
+from orchestrator.plan import Plan, make_plan
+from orchestrator.report import latency_plot, plan_text, say, summary_rows, table
 from orchestrator.scheduler import Scheduler
 from orchestrator.tracking import Tracker, ui_command
 from orchestrator.variant import Variant
-from tasks.specs import BenchResult, BenchSpec, ExportResult, ExportSpec, Failure
+from tasks.specs import BenchResult, ExportResult, Failure
 
 
 def _git_commit() -> str:
@@ -35,24 +37,21 @@ def _config_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
+def _axes(v: Variant) -> dict[str, str]:
+    return {"model": v.model.name, "phase": v.phase.name, "backend": v.backend.name, "device": v.device.name}
+
+
 class SweepRun:
-    """Drives one invocation: every planned variant ends ok, failed or skipped, in MLflow."""
+    """Drives one invocation: every planned variant ends ok, failed, skipped or aborted, in MLflow."""
 
     def __init__(self, plan: Plan, out_dir: Path, tracker: Tracker, sched: Scheduler):
         self.plan, self.out_dir, self.tracker, self.sched = plan, out_dir, tracker, sched
         self.outcomes: dict[str, Outcome] = {}
-        self.variants: dict[str, PlannedVariant] = {pv.name: pv for pv in plan.variants}
+        self.parent: str | None = None
 
     # -- planned ----------------------------------------------------------------------
     def _tags(self, v: Variant) -> dict[str, str]:
-        return {
-            "model": v.model.name,
-            "phase": v.phase.name,
-            "backend": v.backend.name,
-            "device": v.device.name,
-            "git_commit": self.commit,
-            "overrides": " ".join(v.overrides),
-        }
+        return {**_axes(v), "git_commit": self.commit, "overrides": " ".join(v.overrides)}
 
     def record_plan(self, command: str) -> None:
         self.commit = _git_commit()
@@ -69,38 +68,31 @@ class SweepRun:
         )
         for pv in self.plan.variants:
             v = pv.variant
-            tags = {**self._tags(v), "status": "planned", "export_key": v.export_key, "bench_key": v.bench_key}
+            tags = {**self._tags(v), "status": Status.PLANNED, "export_key": v.export_key, "bench_key": v.bench_key}
             run_id = self.tracker.start_variant(self.parent, pv.name, tags, v.params, _config_yaml(pv.config))
-            self.outcomes[pv.name] = Outcome(pv.name, run_id=run_id)
+            self.outcomes[pv.name] = Outcome(pv.name, run_id=run_id, axes=_axes(v))
         for s in self.plan.skipped:
-            name = f"{s.name} (job #{s.job})"
-            tags = {**self._tags(s.variant), "status": "skipped", "skip_reason": s.reason}
+            tags = {**self._tags(s.variant), "status": Status.SKIPPED, "skip_reason": s.reason}
             run_id = self.tracker.start_variant(self.parent, s.name, tags, s.variant.params, _config_yaml(s.config))
             self.tracker.end(run_id, "FINISHED")
-            self.outcomes[name] = Outcome(s.name, status="skipped", run_id=run_id, error=s.reason)
+            self.outcomes[s.key] = Outcome(s.name, Status.SKIPPED, run_id, _axes(s.variant), error=s.reason)
 
     # -- export ---------------------------------------------------------------------------
-    def fail_unplaceable(self) -> None:
-        """Variants no node can run (device=cuda on a cluster without GPUs) fail now,
-        before their exports, instead of waiting for a resource that never comes."""
+    def start(self) -> None:
+        """Variants no node can run (device=cuda on a cluster without GPUs) fail now, before
+        their exports; the exports the others need are queued."""
         for pv in self.plan.variants:
-            v = pv.variant
-            why = self.sched.placement_error(v.device.name, v.weight_bytes)
-            if why:
-                self.fail(self.outcomes[pv.name], Failure("schedule", why))
-            elif warning := self.sched.memory_warning(v.weight_bytes, v.backend.export_format):
-                say(f"  warning   {pv.name}: {warning}")
-
-    def exports_needed(self) -> dict[str, ExportSpec]:
-        return {
-            key: spec
-            for key, spec in self.plan.exports.items()
-            if any(not self.outcomes[pv.name].ended for pv in self.plan.by_export(key))
-        }
+            if pv.unplaceable:
+                self.fail(self.outcomes[pv.name], Failure("schedule", pv.unplaceable))
+            elif pv.warning:
+                say(f"  warning   {pv.name}: {pv.warning}")
+        for key, job in self.plan.exports.items():
+            if any(not self.outcomes[name].ended for name in job.variants):
+                self.sched.submit("export", key, job.spec, job.request)
 
     def on_export(self, key: str, result: ExportResult | Failure) -> None:
-        for pv in self.plan.by_export(key):
-            o = self.outcomes[pv.name]
+        for name in self.plan.exports[key].variants:
+            o = self.outcomes[name]
             if o.ended:
                 continue
             if isinstance(result, Failure) or not result.ok:
@@ -115,13 +107,14 @@ class SweepRun:
                     **{f"shape.{n}": s for n, s in result.input_shapes.items()},
                     **{f"export.{k}": v for k, v in result.details.items()},
                 },
-                tags={"status": "running", "export_cache_hit": result.cache_hit, "export_dir": result.out_dir},
+                tags={"status": Status.RUNNING, "export_cache_hit": result.cache_hit, "export_dir": result.out_dir},
             )
             if result.artifact:
                 self.log_model(o, result)
-            o.status = "running"
-            self.sched.submit_bench(pv.name, self.bench_spec(pv, result), *pv.resources)
-            say(f"  exported  {pv.name:<44} {result.export_seconds:6.1f}s {'(cache hit)' if result.cache_hit else ''}")
+            o.status = Status.RUNNING
+            pv = self.plan.variant(name)
+            self.sched.submit("bench", name, pv.bench, pv.request)
+            say(f"  exported  {name:<44} {result.export_seconds:6.1f}s {'(cache hit)' if result.cache_hit else ''}")
 
     def log_model(self, o: Outcome, export: ExportResult) -> None:
         """The exported model (and its external weights) as artifacts under model/, unless
@@ -140,21 +133,6 @@ class SweepRun:
         for f in sorted(artifact.parent.glob(artifact.name + "*")):  # model.onnx, model.onnx.data
             self.tracker.artifact(o.run_id, f, "model")
 
-    def bench_spec(self, pv: PlannedVariant, export: ExportResult) -> BenchSpec:
-        v = pv.variant
-        return BenchSpec(
-            variant=pv.name,
-            backend=v.backend.name,
-            device=v.device.name,
-            model=v.model,
-            phase=v.phase,
-            export_dir=export.out_dir,
-            out_dir=str(self.out_dir / pv.name),
-            bench=v.bench,
-            backend_options=dict(v.backend.options),
-            peak_bandwidth_gbs=v.device.peak_bandwidth_gbs,
-        )
-
     # -- benchmark --------------------------------------------------------------------
     def on_bench(self, name: str, result: BenchResult | Failure) -> None:
         o = self.outcomes[name]
@@ -162,24 +140,23 @@ class SweepRun:
             self.fail(o, result)
             return
         o.metrics.update(result.metrics)
-        cv_threshold = self.variants[name].variant.bench.cv_threshold
-        o.unstable = result.ok and result.metrics.get("latency_cv", 0.0) > cv_threshold
-        metrics = dict(result.metrics, unstable=float(o.unstable))
+        o.unstable = bool(result.metrics.get("unstable", 0.0))
         self.tracker.log(
             o.run_id,
-            metrics=metrics,
+            metrics=result.metrics,
             params={f"runtime.{k}": v for k, v in result.params.items()},
             tags={f"env.{k}": v for k, v in result.env.items()},
         )
         if result.parity:
             self.tracker.log_dict(o.run_id, result.parity, "parity.json")
-        for path in result.files.values():
-            self.tracker.artifact(o.run_id, path)
+        if result.samples_ns:
+            samples = {"variant": name, "unit": "ns", "first_call_ns": result.first_call_ns, "samples": result.samples_ns}
+            self.tracker.log_dict(o.run_id, samples, "latency_samples.json", indent=None)
         if not result.ok:
             self.fail(o, result.failure)
             return
-        o.status = "ok"
-        self.tracker.log(o.run_id, tags={"status": "ok", "unstable": o.unstable, "parity": "passed"})
+        o.status = Status.OK
+        self.tracker.log(o.run_id, tags={"status": Status.OK, "unstable": o.unstable, "parity": "passed"})
         self.tracker.end(o.run_id, "FINISHED")
         say(
             f"  measured  {name:<44} {o.metrics['latency_ms_median']:8.3f} ms median, parity "
@@ -187,7 +164,7 @@ class SweepRun:
         )
 
     def fail(self, o: Outcome, failure: Failure) -> None:
-        o.status, o.stage, o.error = "failed", failure.stage, failure.error
+        o.status, o.stage, o.error = Status.FAILED, failure.stage, failure.error
         self.tracker.log_failure(o.run_id, failure.stage, failure.error, failure.traceback)
         if failure.stage == "parity":
             self.tracker.log(o.run_id, tags={"parity": "failed"})
@@ -198,23 +175,24 @@ class SweepRun:
         """Ctrl-C or a driver error: close every open run with the reason, lose nothing logged."""
         for o in self.outcomes.values():
             if not o.ended and o.run_id:
-                self.tracker.log(o.run_id, tags={"status": "aborted", "error": why})
+                self.tracker.log(o.run_id, tags={"status": Status.ABORTED, "error": why})
                 self.tracker.end(o.run_id, "KILLED")
-                o.status, o.error = "aborted", why
-        if getattr(self, "parent", None):
-            self.tracker.log(self.parent, tags={"status": "aborted", "error": why})
+                o.status, o.error = Status.ABORTED, why
+        if self.parent:
+            self.tracker.log(self.parent, tags={"status": Status.ABORTED, "error": why})
             self.tracker.end(self.parent, "KILLED")
 
     # -- end ------------------------------------------------------------------------------
     def finish(self, seconds: float) -> str:
         outs = list(self.outcomes.values())
-        counts = {s: sum(o.status == s for o in outs) for s in ("ok", "failed", "skipped")}
+        counts = {s.value: sum(o.status == s for o in outs) for s in (Status.OK, Status.FAILED, Status.SKIPPED)}
         rows = summary_rows(outs)
         text = table(rows)
+        failed = counts[Status.FAILED] > 0
         self.tracker.log(
             self.parent,
             metrics={f"variants_{k}": v for k, v in counts.items()} | {"sweep_seconds": seconds},
-            tags={"status": "failed" if counts["failed"] else "ok"},
+            tags={"status": Status.FAILED if failed else Status.OK},
         )
         self.tracker.log_text(self.parent, text + "\n", "summary.txt")
         self.tracker.log_dict(self.parent, rows, "summary.json")
@@ -222,33 +200,38 @@ class SweepRun:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if latency_plot(outs, str(plot)):
             self.tracker.artifact(self.parent, plot)
-        self.tracker.end(self.parent, "FAILED" if counts["failed"] else "FINISHED")
+        self.tracker.end(self.parent, "FAILED" if failed else "FINISHED")
         return text
 
+    def by_job(self) -> dict[int, Outcome]:
+        """Each Hydra job's outcome, by job index."""
+        out = {j: self.outcomes[pv.name] for pv in self.plan.variants for j in pv.jobs}
+        out.update({s.job: self.outcomes[s.key] for s in self.plan.skipped})
+        return out
 
-def run_sweep(configs: list[DictConfig], overrides: list[list[str]], out_dir: Path, command: str) -> dict[int, Outcome]:
-    """Plan every config, run the exports and benchmarks, record them; returns each Hydra
-    job's outcome by job index. Bad configs raise ConfigError before anything starts."""
+
+def run_sweep(
+    configs: list[DictConfig], overrides: list[list[str]], out_dir: Path, command: str, dry_run: bool = False
+) -> dict[int, Any]:
+    """Validate every config, plan the grid on the cluster, run the exports and benchmarks,
+    record them; returns each Hydra job's outcome by job index. Bad configs raise
+    ConfigError before Ray starts and before any run exists. `dry_run` prints the plan
+    and runs nothing."""
     t0 = time.perf_counter()
-    plan = make_plan(configs, overrides)
-    say(f"phasesweep: {len(plan.variants)} variant(s), {len(plan.exports)} export(s), {len(plan.skipped)} skipped")
-    for s in plan.skipped:
-        say(f"  skipped   {s.name}: {s.reason}")
-    tracker = Tracker(plan.point.tracking)
-    with Scheduler(plan.point.cluster) as sched:
-        for pv in plan.variants:  # resolve "all cores" once the cluster is known
-            threads = sched.bench_threads(pv.variant.device.name, pv.variant.bench.threads)
-            pv.variant = replace(pv.variant, bench=replace(pv.variant.bench, threads=threads))
-            # the Ray resources of its benchmark; a request no node can meet is a ConfigError now
-            pv.resources = sched.bench_options(
-                pv.variant.device.name, threads, pv.variant.device.resources, pv.variant.weight_bytes
-            )
+    points = validate_all(configs, overrides)
+    tracker = None if dry_run else Tracker(points[0].tracking)
+    with Scheduler(points[0].cluster) as sched:
+        plan = make_plan(points, configs, overrides, sched.capacity)
+        say(f"phasesweep: {len(plan.variants)} variant(s), {len(plan.exports)} export(s), {len(plan.skipped)} skipped")
+        for s in plan.skipped:
+            say(f"  skipped   {s.name}: {s.reason}")
+        if dry_run:
+            say(plan_text(plan))
+            return {}
         run = SweepRun(plan, out_dir, tracker, sched)
         run.record_plan(command)
         try:
-            run.fail_unplaceable()
-            for key, spec in run.exports_needed().items():
-                sched.submit_export(key, spec, plan.by_export(key)[0].variant.weight_bytes)
+            run.start()
             for kind, key, result in sched.results():
                 (run.on_export if kind == "export" else run.on_bench)(key, result)
         except BaseException as e:
@@ -257,10 +240,4 @@ def run_sweep(configs: list[DictConfig], overrides: list[list[str]], out_dir: Pa
     text = run.finish(time.perf_counter() - t0)
     say("\n" + text)
     say(f"\nBrowse the runs:  {ui_command(tracker.uri)}")
-    by_job: dict[int, Outcome] = {}
-    for pv in plan.variants:
-        for j in pv.jobs:
-            by_job[j] = run.outcomes[pv.name]
-    for s in plan.skipped:
-        by_job[s.job] = run.outcomes[f"{s.name} (job #{s.job})"]
-    return by_job
+    return run.by_job()

@@ -87,8 +87,8 @@ class Tracker:
         self.log_text(run_id, config_yaml, "config.yaml")
         return run_id
 
-    def log_dict(self, run_id: str, obj: Any, name: str) -> None:
-        self.client.log_text(run_id, json.dumps(obj, indent=1, default=str), name)
+    def log_dict(self, run_id: str, obj: Any, name: str, indent: int | None = 1) -> None:
+        self.client.log_text(run_id, json.dumps(obj, indent=indent, default=str), name)
 
     def log_text(self, run_id: str, text: str, name: str) -> None:
         self.client.log_text(run_id, text, name)

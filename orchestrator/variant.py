@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from functools import cached_property, lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from orchestrator.config import BackendCfg, DeviceCfg, SweepPoint
+from tasks.export import format_module
+from tasks.runtimes import runtime_module
 from tasks.specs import DTYPE_BYTES, BenchOptions, ModelSpec, PhaseSpec
 
 TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks"
-# libraries whose version changes what an export produces
-EXPORT_LIBS = {
-    "none": ("torch", "transformers"),
-    "onnx": ("torch", "transformers", "onnx", "onnxscript"),
-    "executorch": ("torch", "transformers", "executorch", "torchao"),
-}
 
 
 def _version(dist: str) -> str:
@@ -78,14 +74,6 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: obj}
 
 
-def normalized_phase(phase: PhaseSpec, kv_cache: str) -> PhaseSpec:
-    """Drop the fields a phase does not use, so equal work gets equal keys and names."""
-    if phase.name == "prefill":
-        return replace(phase, context_len=None, cache_len=None, parity_steps=1)
-    cache_len = phase.capacity() if kv_cache == "static" else None
-    return replace(phase, prompt_len=None, cache_len=cache_len)
-
-
 @dataclass(frozen=True)
 class Variant:
     model: ModelSpec
@@ -94,6 +82,8 @@ class Variant:
     device: DeviceCfg
     bench: BenchOptions
     overrides: tuple[str, ...] = ()
+    weight_bytes: int = 0  # estimated from the architecture: memory requests, never the model
+
 
     @classmethod
     def from_point(cls, point: SweepPoint, overrides: tuple[str, ...] = ()) -> Variant:
@@ -109,8 +99,8 @@ class Variant:
             kv_cache=m.kv_cache,
             attention=m.attention,
         )
-        phase = normalized_phase(point.phase, m.kv_cache)
-        return cls(model, phase, point.backend, point.device, point.bench, tuple(overrides))
+        weight_bytes = estimated_parameters(point.arch) * DTYPE_BYTES[m.dtype]
+        return cls(model, point.phase, point.backend, point.device, point.bench, tuple(overrides), weight_bytes)
 
     @property
     def base_name(self) -> str:
@@ -121,11 +111,12 @@ class Variant:
         """The flattened variant config, as MLflow params."""
         model = asdict(self.model)
         arch = model.pop("arch")
+        backend = asdict(self.backend)
         return {
             **flatten(model, "model."),
             **flatten(arch, "model.arch."),
             **flatten(asdict(self.phase), "phase."),
-            **flatten(asdict(self.backend), "backend."),
+            **flatten(backend, "backend."),
             **flatten(asdict(self.device), "device."),
             **flatten(asdict(self.bench), "bench."),
         }
@@ -148,10 +139,9 @@ class Variant:
                 "model": model,
                 "phase": asdict(self.phase),
                 "format": fmt,
-                # exporter options; eager-style backends (format none) export nothing, so
-                # eager and compile share one entry of inputs and reference
-                "options": self.backend.options if fmt != "none" else {},
-                "versions": {lib: _version(lib) for lib in EXPORT_LIBS[fmt]},
+                # the format's options only: eager and compile (format none) share one entry
+                "options": self.backend.export_options,
+                "versions": {lib: _version(lib) for lib in format_module(fmt).LIBRARIES},
                 "tasks": _tasks_source_hash(),
             }
         )
@@ -162,21 +152,13 @@ class Variant:
         return _digest(
             {
                 "export": self.export_key,
-                "backend": self.backend.name,
+                "runtime": self.backend.runtime,
+                "options": self.backend.options,
                 "device": asdict(self.device),
                 "bench": asdict(self.bench),
-                "runtime": _version(
-                    {"onnxruntime": "onnxruntime", "executorch": "executorch"}.get(self.backend.name, "torch")
-                ),
+                "versions": {lib: _version(lib) for lib in runtime_module(self.backend.runtime).LIBRARIES},
             }
         )
-
-    @cached_property
-    def weight_bytes(self) -> int:
-        arch = self.model.arch
-        if self.model.checkpoint:
-            arch = json.loads((Path(self.model.checkpoint) / "config.json").read_text())
-        return estimated_parameters(arch) * DTYPE_BYTES[self.model.dtype]
 
     def identity(self) -> str:
         """Equal for two grid points that would do exactly the same work."""

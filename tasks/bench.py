@@ -1,14 +1,24 @@
-"""The measurement loop and its statistics. Backend-agnostic: it times a zero-argument call."""
+"""The measurement loop and its statistics. Backend-agnostic: it times a zero-argument call.
+
+Latency samples of small calls are heavy-tailed (rare stalls many times the median), so the
+statistics that decide anything are rank-based: the median with a distribution-free 95%
+confidence interval, the IQR, the MAD. Mean, std and their ratio are kept as information.
+"""
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
+from functools import lru_cache
 
 import numpy as np
 
 from tasks.specs import BenchOptions
+
+CONFIDENCE = 0.95  # of the median's interval, in the stopping rule and the statistics
+CHECK_GROWTH = 0.10  # the stopping rule is checked each time the sample count grew by 10%
 
 
 @dataclass
@@ -17,6 +27,8 @@ class Measurement:
     first_call_ns: int  # the very first call: lazy init, allocation, compilation
     warmup_iters: int
     warmup_seconds: float
+    reached_target: bool = False  # the median's CI half-width ended within bench.target_ci of it
+    hit_time_cap: bool = False  # max_seconds ran out before min_iters calls were timed
 
 
 def wall_clock(sync: Callable[[], None]) -> Callable[[Callable[[], object]], int]:
@@ -37,7 +49,15 @@ def measure(
     sync: Callable[[], None] = lambda: None,
     timer: Callable[[Callable[[], object]], int] | None = None,
 ) -> Measurement:
-    """Time `step`: first call, warm-up until stable, then at least min_iters and min_seconds.
+    """Time `step`: first call, warm-up until stable, then sample until the median is precise.
+
+    Sampling stops once the 95% confidence interval of the median is within `target_ci` of
+    it (half-width / median) and at least min_iters calls and min_seconds have passed, or
+    at max_iters / max_seconds, whichever comes first (torch.utils.benchmark's
+    adaptive_autorange). Time is the larger of the loop's wall time and the sum of the timed
+    durations, so a scripted timer drives the rule exactly. The rule is checked every 10%
+    more samples, never inside a timed call. The garbage collector is frozen and disabled
+    while sampling (as pyperf does), so no collection lands in a sample.
 
     `timer(step) -> ns` defaults to the host clock; GPU sessions pass one built on CUDA
     events, which times the device work itself and synchronises on the end event."""
@@ -59,32 +79,203 @@ def measure(
         prev = med
     warmup_seconds = time.perf_counter() - t0
 
+    min_ns, max_ns = opts.min_seconds * 1e9, opts.max_seconds * 1e9
     samples: list[int] = []
-    start = time.perf_counter_ns()
-    while True:
-        samples.append(timed(step))
-        elapsed = (time.perf_counter_ns() - start) / 1e9
-        n = len(samples)
-        if n >= opts.max_iters or elapsed >= opts.max_seconds:
-            break
-        if n >= opts.min_iters and elapsed >= opts.min_seconds:
-            break
-    return Measurement(samples, first, iters, warmup_seconds)
+    total = 0  # sum of the timed durations, ns
+    check_at = max(1, opts.min_iters)
+    gc_enabled = gc.isenabled()
+    gc.freeze()
+    gc.disable()
+    try:
+        start = time.perf_counter_ns()
+        while True:
+            d = timed(step)
+            samples.append(d)
+            total += d
+            n = len(samples)
+            elapsed = max(time.perf_counter_ns() - start, total)
+            if n >= opts.max_iters or elapsed >= max_ns:
+                break
+            if n >= check_at:
+                if elapsed >= min_ns:
+                    rel = median_ci_rel(samples)
+                    if rel is not None and rel <= opts.target_ci:
+                        break
+                check_at = n + max(1, int(n * CHECK_GROWTH))
+    finally:
+        if gc_enabled:
+            gc.enable()
+        gc.unfreeze()
+    rel = median_ci_rel(samples)
+    return Measurement(
+        samples,
+        first,
+        iters,
+        warmup_seconds,
+        reached_target=rel is not None and rel <= opts.target_ci,
+        hit_time_cap=elapsed >= max_ns and n < opts.min_iters,
+    )
 
 
-def summarize(samples_ns: list[int]) -> dict[str, float]:
-    """Latency statistics in milliseconds, plus the coefficient of variation (std / mean)."""
-    ms = np.asarray(samples_ns, dtype=np.float64) / 1e6
-    mean = float(ms.mean())
-    std = float(ms.std(ddof=1)) if ms.size > 1 else 0.0
+# -- statistics ---------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=512)
+def median_ci_ranks(n: int, confidence: float = CONFIDENCE) -> tuple[int, int] | None:
+    """0-based ranks (lo, hi) into n sorted samples of the distribution-free confidence
+    interval of the median: [x_(l), x_(n-l+1)] (1-based) with the largest l such that
+    P(B <= l-1) <= (1 - confidence) / 2 for B ~ Binomial(n, 1/2), so its coverage is at
+    least `confidence` whatever the distribution. None when no such l exists (n < 6 at 95%)."""
+    from scipy.stats import binom
+
+    q = (1 - confidence) / 2
+    k = int(binom.ppf(q, n, 0.5))  # the smallest k with P(B <= k) >= q
+    if binom.cdf(k, n, 0.5) <= q:
+        k += 1
+    if k < 1:
+        return None
+    return k - 1, n - k
+
+
+def _ratio(num: float, den: float) -> float | None:
+    """num / den; 0 when num is 0; None (undefined) when den is not positive."""
+    if num == 0:
+        return 0.0
+    return num / den if den > 0 else None
+
+
+def median_ci_rel(samples: Iterable[int] | np.ndarray) -> float | None:
+    """Half-width of the median's 95% CI relative to the median; None below 6 samples."""
+    a = np.asarray(samples if isinstance(samples, list | tuple | np.ndarray) else list(samples))
+    n = a.size
+    ranks = median_ci_ranks(n) if n else None
+    if ranks is None:
+        return None
+    lo, hi = ranks
+    mid = sorted({(n - 1) // 2, n // 2})
+    part = np.partition(a, sorted({lo, hi, *mid}))
+    median = float(np.mean(part[mid]))
+    return _ratio((float(part[hi]) - float(part[lo])) / 2, median)
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Statistics of one variant's latency samples, in milliseconds.
+
+    A statistic is None, and left out of `as_metrics()`, when there are too few samples for
+    it to exist: 1 sample has a median, mean, min and max and nothing else; a spread needs
+    2; the median's 95% interval needs 6. Outliers follow torch.utils.benchmark: samples
+    outside [Q1 - 1.5 IQR, Q3 + 1.5 IQR]. MAD is the raw median absolute deviation (not
+    scaled to estimate a normal's sigma)."""
+
+    iterations: int
+    median: float | None = None
+    mean: float | None = None
+    min: float | None = None
+    max: float | None = None
+    p10: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    std: float | None = None  # sample standard deviation (ddof=1)
+    iqr: float | None = None  # p75 - p25
+    mad: float | None = None  # median(|x - median|)
+    median_ci_low: float | None = None
+    median_ci_high: float | None = None
+    iqr_rel: float | None = None  # IQR / median: what `unstable` is judged on
+    cv: float | None = None  # std / mean: informational; heavy tails inflate it
+    median_ci_rel: float | None = None  # CI half-width / median
+    outliers: int | None = None
+    outliers_high: int | None = None
+
+    METRIC_NAMES = {
+        "median": "latency_ms_median",
+        "mean": "latency_ms_mean",
+        "min": "latency_ms_min",
+        "max": "latency_ms_max",
+        "p10": "latency_ms_p10",
+        "p90": "latency_ms_p90",
+        "p99": "latency_ms_p99",
+        "std": "latency_ms_std",
+        "iqr": "latency_ms_iqr",
+        "mad": "latency_ms_mad",
+        "median_ci_low": "latency_ms_median_ci_low",
+        "median_ci_high": "latency_ms_median_ci_high",
+        "iqr_rel": "latency_iqr_rel",
+        "cv": "latency_cv",
+        "median_ci_rel": "latency_median_ci_rel",
+        "outliers": "outliers",
+        "outliers_high": "outliers_high",
+        "iterations": "iterations",
+    }
+
+    @classmethod
+    def from_values(cls, samples_ns: Iterable[int]) -> Latency:
+        ms = np.sort(np.asarray(list(samples_ns), dtype=np.float64)) / 1e6
+        n = int(ms.size)
+        if n == 0:
+            return cls(iterations=0)
+        median, mean = float(np.median(ms)), float(ms.mean())
+        one = dict(iterations=n, median=median, mean=mean, min=float(ms[0]), max=float(ms[-1]))
+        if n < 2:
+            return cls(**one)
+        p10, p25, p75, p90, p99 = (float(v) for v in np.percentile(ms, [10, 25, 75, 90, 99]))
+        std, iqr = float(ms.std(ddof=1)), p75 - p25
+        high = int(np.count_nonzero(ms > p75 + 1.5 * iqr))
+        ci = {}
+        ranks = median_ci_ranks(n)
+        if ranks is not None:
+            low_ms, high_ms = float(ms[ranks[0]]), float(ms[ranks[1]])
+            ci = dict(
+                median_ci_low=low_ms, median_ci_high=high_ms, median_ci_rel=_ratio((high_ms - low_ms) / 2, median)
+            )
+        return cls(
+            **one,
+            p10=p10,
+            p90=p90,
+            p99=p99,
+            std=std,
+            iqr=iqr,
+            mad=float(np.median(np.abs(ms - median))),
+            iqr_rel=_ratio(iqr, median),
+            cv=_ratio(std, mean),
+            outliers=high + int(np.count_nonzero(ms < p25 - 1.5 * iqr)),
+            outliers_high=high,
+            **ci,
+        )
+
+    def as_metrics(self) -> dict[str, float]:
+        """The flat metrics dict, statistics that do not exist left out."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[self.METRIC_NAMES[f.name]] = float(value)
+        return out
+
+    def is_unstable(self, threshold: float) -> bool:
+        """IQR / median above `threshold`; False when there is no IQR (fewer than 2 samples)."""
+        return self.iqr_rel is not None and self.iqr_rel > threshold
+
+
+def summarize(samples_ns: Iterable[int]) -> dict[str, float]:
+    """`Latency.from_values(samples_ns).as_metrics()`: latency statistics in milliseconds."""
+    return Latency.from_values(samples_ns).as_metrics()
+
+
+def is_unstable(stats: Mapping[str, float], opts: BenchOptions) -> bool:
+    """The `unstable` flag from summarize()'s metrics: IQR / median above bench.unstable_iqr
+    (torch.utils.benchmark warns above 10%). False when the IQR does not exist (< 2 samples)."""
+    iqr_rel = stats.get("latency_iqr_rel")
+    return iqr_rel is not None and iqr_rel > opts.unstable_iqr
+
+
+def bench_metrics(m: Measurement, opts: BenchOptions) -> dict[str, float]:
+    """summarize(m.samples_ns) plus the loop's verdicts as 0/1 metrics: `unstable`,
+    `reached_target`, `hit_time_cap`."""
+    stats = summarize(m.samples_ns)
     return {
-        "latency_ms_median": float(np.median(ms)),
-        "latency_ms_mean": mean,
-        "latency_ms_p90": float(np.percentile(ms, 90)),
-        "latency_ms_p99": float(np.percentile(ms, 99)),
-        "latency_ms_min": float(ms.min()),
-        "latency_ms_max": float(ms.max()),
-        "latency_ms_std": std,
-        "latency_cv": std / mean if mean > 0 else 0.0,
-        "iterations": float(ms.size),
+        **stats,
+        "unstable": float(is_unstable(stats, opts)),
+        "reached_target": float(m.reached_target),
+        "hit_time_cap": float(m.hit_time_cap),
     }

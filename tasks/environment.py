@@ -8,7 +8,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-LIBRARIES = ("torch", "transformers", "onnxruntime", "onnx", "onnxscript", "executorch", "numpy")
+ALWAYS = ("numpy",)  # besides the libraries of the variant's export format and runtime
 # peak DRAM bandwidth (GB/s) by GPU name substring, for `bandwidth_fraction_of_peak`;
 # `device.peak_bandwidth_gbs` overrides it for anything not listed
 PEAK_BANDWIDTH_GBS = {
@@ -59,7 +59,8 @@ def gpu_info() -> dict[str, str]:
     return {"gpu_name": name, "gpu_driver": driver, "gpu_memory": memory, "gpu_count": str(len(out))}
 
 
-def fingerprint(device: str) -> dict[str, str]:
+def fingerprint(device: str, libraries: tuple[str, ...] = ()) -> dict[str, str]:
+    """The machine, and the versions of `libraries` (the export format's and the runtime's)."""
     env = {
         "host": platform.node(),
         "cpu_model": cpu_model(),
@@ -68,7 +69,7 @@ def fingerprint(device: str) -> dict[str, str]:
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
-    for lib in LIBRARIES:
+    for lib in dict.fromkeys((*libraries, *ALWAYS)):
         try:
             env[f"version.{lib}"] = metadata.version(lib)
         except metadata.PackageNotFoundError:

@@ -1,10 +1,11 @@
 """The prefill and decode graphs: a transformers model with its attention swapped out.
 
 Each decoder layer's `self_attn` is replaced (module swap) by PhaseAttention, which keeps
-the layer's own projections and rotary embedding but hands the KV-cache update to a
-tasks/kv_cache.py module and the attention itself to a tasks/sdpa.py module. The rest
-of the layer (norms, MLP, residuals) runs as transformers wrote it, so any family whose
-layers follow the Llama layout works unchanged.
+the submodules the family's adapter names (tasks/families.py: q/k/v or fused qkv
+projections, o_proj, optional per-head q/k norms) and the family's named rotary function,
+but hands the KV-cache update to a tasks/kv_cache.py module and the attention itself to a
+tasks/sdpa.py module. The rest of the layer (norms, MLP, residuals) runs as transformers
+wrote it. The swap refuses an attention holding a parameter the adapter does not name.
 
 The cache is functional: tensors in, tensors out, threaded through one forward by a
 StepState. Graph signatures (all caches [B, H_kv, S, D]):
@@ -17,11 +18,13 @@ StepState. Graph signatures (all caches [B, H_kv, S, D]):
 
 from __future__ import annotations
 
-import sys
+import importlib
 
 import torch
 from torch import nn
 
+from tasks import families
+from tasks.families import AttentionAdapter
 from tasks.kv_cache import make_kv_cache
 from tasks.sdpa import make_attention
 
@@ -36,35 +39,50 @@ class StepState:
 
 
 class PhaseAttention(nn.Module):
-    """Drop-in for a transformers attention module: projections and RoPE from the original."""
+    """Drop-in for a transformers attention module: the submodules its adapter names, kept
+    with their weights, and the family's rotary function; cache and attention swapped."""
 
-    def __init__(self, original: nn.Module, layer_idx: int, kv_cache: nn.Module, attention: nn.Module):
+    def __init__(
+        self,
+        original: nn.Module,
+        adapter: AttentionAdapter,
+        rotary,  # the family's (q, k, cos, sin) -> (q, k) on [B, H, S, D]
+        dims: dict[str, int],
+        layer_idx: int,
+        kv_cache: nn.Module,
+        attention: nn.Module,
+    ):
         super().__init__()
-        self.original = original  # keeps q/k/v/o (or fused qkv) projections and their weights
+        self.original = original  # owns the submodules the adapter names, and their weights
         self.layer_idx = layer_idx
         self.kv_cache = kv_cache
         self.attention = attention
-        self.head_dim = original.head_dim
+        self.heads, self.kv_heads, self.head_dim = dims["heads"], dims["kv_heads"], dims["head_dim"]
         self.scale = original.scaling
-        cfg = original.config
-        self.heads = cfg.num_attention_heads
-        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
-        # the family's own rotary function (handles partial rotary dims, e.g. Phi-3)
-        self.apply_rope = sys.modules[type(original).__module__].apply_rotary_pos_emb
+        self.apply_rope = rotary
+        self.adapter = adapter  # names of the original's submodules this forward calls
+
+    def _sub(self, name: str) -> nn.Module:
+        return getattr(self.original, name)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        o = self.original
-        if hasattr(o, "qkv_proj"):  # fused projection (Phi-3): [q | k | v]
-            qkv = o.qkv_proj(x)
+        names = self.adapter.projections
+        if self.adapter.fused:  # one projection (Phi-3's qkv_proj): [q | k | v] along the features
+            qkv = self._sub(names[0])(x)
             q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
             return qkv[..., :q_size], qkv[..., q_size : q_size + kv_size], qkv[..., q_size + kv_size :]
-        return o.q_proj(x), o.k_proj(x), o.v_proj(x)
+        q_proj, k_proj, v_proj = (self._sub(n) for n in names)
+        return q_proj(x), k_proj(x), v_proj(x)
 
     def forward(self, hidden_states, position_embeddings=None, cache: StepState | None = None, **_):
         b, s, _h = hidden_states.shape
         q, k, v = self._project(hidden_states)  # [B, S, H*D], [B, S, H_kv*D] x2
-        q = q.view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, H, S, D]
-        k = k.view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, H_kv, S, D]
+        q = q.view(b, s, -1, self.head_dim)  # [B, S, H, D]
+        k = k.view(b, s, -1, self.head_dim)  # [B, S, H_kv, D]
+        if self.adapter.q_norm:  # per head over D, before RoPE, as transformers does (Qwen3)
+            q, k = self._sub(self.adapter.q_norm)(q), self._sub(self.adapter.k_norm)(k)
+        q = q.transpose(1, 2)  # [B, H, S, D]
+        k = k.transpose(1, 2)  # [B, H_kv, S, D]
         v = v.view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, H_kv, S, D]
         cos, sin = position_embeddings
         q, k = self.apply_rope(q, k, cos, sin)
@@ -81,17 +99,43 @@ class PhaseAttention(nn.Module):
         key_pos = torch.arange(k_all.shape[2], device=q.device)
         mask = key_pos[None, :] <= cache.cache_position[:, None]  # [S_q, S_kv]
         out = self.attention(q, k_all, v_all, mask, self.scale)  # [B, H, S, D]
-        out = out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
-        return self.original.o_proj(out), None
+        out = out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)  # [B, S, H*D]
+        return self._sub(self.adapter.o_proj)(out), None
 
 
-def swap_attention(model: nn.Module, kv_cache: str, attention: str) -> nn.Module:
-    """Replace every layer's self_attn by PhaseAttention, in place."""
+def check_adapter(original: nn.Module, adapter: AttentionAdapter, family: str, layer_idx: int) -> None:
+    """Every parameter of the attention must live in a submodule the adapter names."""
+    kept = adapter.submodules()
+    children = dict(original.named_children())
+    missing = [n for n in kept if n not in children]
+    if missing:
+        raise ValueError(
+            f"model.family={family!r}, layer {layer_idx}: the adapter names {', '.join(missing)}, "
+            f"which {type(original).__name__} does not have"
+        )
+    unexpected = [n for n, _ in original.named_parameters() if n.split(".", 1)[0] not in kept]
+    if unexpected:
+        raise ValueError(
+            f"model.family={family!r}, layer {layer_idx}: {type(original).__name__} has parameters "
+            f"{', '.join(unexpected)} outside the adapter's submodules ({', '.join(kept)}); "
+            "name them in tasks/families.py and apply them in PhaseAttention"
+        )
+
+
+def swap_attention(model: nn.Module, family: str, kv_cache: str, attention: str) -> nn.Module:
+    """Replace every layer's self_attn by PhaseAttention, in place, after checking that the
+    family's adapter names every parameter the original attention holds."""
+    fam = families.get_family(family)
+    rotary = getattr(importlib.import_module(fam.rotary_module), fam.rotary_function)
+    dims = families.model_dims(family, model.config.to_dict())
     for idx, layer in enumerate(model.model.layers):
         original = layer.self_attn
         if isinstance(original, PhaseAttention):
             original = original.original
-        layer.self_attn = PhaseAttention(original, idx, make_kv_cache(kv_cache), make_attention(attention))
+        check_adapter(original, fam.attention, family, idx)
+        layer.self_attn = PhaseAttention(
+            original, fam.attention, rotary, dims, idx, make_kv_cache(kv_cache), make_attention(attention)
+        )
     return model
 
 
@@ -128,19 +172,3 @@ class DecodeGraph(_PhaseGraph):
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor, *past_kv: torch.Tensor):
         past = list(zip(past_kv[0::2], past_kv[1::2], strict=True))
         return self._step(input_ids, cache_position, past)
-
-
-def build_graph(model: nn.Module, phase: str, kv_cache: str, attention: str) -> nn.Module:
-    swap_attention(model, kv_cache, attention)
-    graph = PrefillGraph(model) if phase == "prefill" else DecodeGraph(model)
-    graph.kv_cache = kv_cache  # exporters read it: a dynamic cache has a dynamic sequence dim
-    return graph.eval()
-
-
-def io_names(phase: str, layers: int) -> tuple[list[str], list[str]]:
-    """Input and output names of a phase's graph, in call order."""
-    present = [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-    if phase == "prefill":
-        return ["input_ids"], ["logits", *present]
-    past = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-    return ["input_ids", "cache_position", *past], ["logits", *present]

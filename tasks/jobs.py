@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.specs import DTYPE_BYTES, BenchResult, BenchSpec, ExportResult, ExportSpec, Failure
+from tasks.specs import BenchResult, BenchSpec, ExportResult, ExportSpec, Failure
 
 META = "meta.json"
 INPUTS = "inputs.npz"  # the timed call's feeds, by graph input name
@@ -49,6 +49,7 @@ def export_job(spec: ExportSpec) -> ExportResult:
     The cache entry is written in a temporary folder and renamed into place complete, so
     an entry with meta.json is always whole and a rerun with the same key reuses it.
     """
+    _RAN.append("export")
     out = Path(spec.out_dir)
     if (out / META).is_file():
         return _result_from_meta(spec, out, cache_hit=True)
@@ -57,26 +58,28 @@ def export_job(spec: ExportSpec) -> ExportResult:
     try:
         import torch
 
-        from tasks.export import exporter
-        from tasks.graphs import build_graph, io_names
-        from tasks.models import build_model, count_parameters
-        from tasks.phases import make_phase_data
+        from tasks.export import format_module
+        from tasks.models import build_model, count_parameters, model_dims
+        from tasks.phases import phase_module
 
-        fmt = exporter(spec.export_format)
-        model = build_model(spec.model)
-        data = make_phase_data(model, spec.phase, spec.model.kv_cache)
-        graph = build_graph(model, spec.phase.name, spec.model.kv_cache, spec.model.attention)
-        input_names, output_names = io_names(spec.phase.name, data.dims["layers"])
-        artifact, details = None, {}
+        fmt = format_module(spec.export_format)
+        phase = phase_module(spec.phase.name)
+        m = spec.model
+        model = build_model(m)
+        dims = model_dims(model)
+        phase.check(spec.phase, dims)
+        data = phase.make_data(model, spec.phase, m.kv_cache, dims)
+        graph = phase.build_graph(model, m.family, m.kv_cache, m.attention)
+        input_names, output_names = phase.io_names(dims["layers"])
         t0 = time.perf_counter()
-        if fmt is not None:
-            artifact, details = fmt.export(graph, data.example_args(), input_names, output_names, tmp, spec.options)
+        artifact, details = fmt.export(graph, data.example_args(), input_names, output_names, tmp, spec.options)
         export_seconds = time.perf_counter() - t0
         np.savez(tmp / INPUTS, **data.feeds)
         np.savez(tmp / PARITY, **data.parity)
         artifact_bytes = sum(p.stat().st_size for p in tmp.glob(f"{artifact}*")) if artifact else 0
         meta = {
             "key": spec.key,
+            "export_format": spec.export_format,
             "artifact": artifact,
             "export_seconds": export_seconds,
             "artifact_mb": artifact_bytes / 2**20,
@@ -120,50 +123,90 @@ def _release_memory() -> None:
         pass
 
 
-def _peak_rss_mb() -> float:
+# What this process has run so far: a benchmark reports it, so a test can prove that no
+# benchmark shares a process with an export or another benchmark.
+_RAN: list[str] = []
+
+
+def _vm_hwm_mb() -> float:
+    """Peak resident memory of this process since start or the last reset_peak_rss()."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def _decode_bandwidth(
-    spec: BenchSpec, meta: dict, feeds: dict[str, np.ndarray], median_ms: float, env: dict[str, str]
-) -> dict[str, float]:
-    """Bytes a decode step must read (every weight once, the whole KV cache it attends
-    over) per second of median latency, and on CUDA its fraction of the device's peak."""
-    from tasks.environment import peak_bandwidth_gbs
+def _reset_peak_rss() -> bool:
+    """Linux: writing 5 to clear_refs resets VmHWM, so the next peak is the timing's own."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
 
-    element = DTYPE_BYTES[spec.model.dtype]
-    weights = meta["details"]["parameters"] * element
-    cache = sum(a.nbytes for n, a in feeds.items() if n.startswith("past_key_values."))
-    achieved = (weights + cache) / (median_ms / 1e3) / 1e9
-    out = {"decode_bytes_per_step": float(weights + cache), "achieved_bandwidth_gbs": achieved}
-    if spec.device == "cuda":
-        peak = spec.peak_bandwidth_gbs or peak_bandwidth_gbs(env.get("gpu_name", ""))
-        if peak:
-            out.update(peak_bandwidth_gbs=peak, bandwidth_fraction_of_peak=achieved / peak)
-    return out
+
+def _die_with_parent() -> None:
+    """In the benchmark's own process: end when the worker that started it ends."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def bench_in_fresh_process(spec: BenchSpec) -> BenchResult:
+    """bench_job in a new process (spawned: nothing inherited) that runs nothing else.
+
+    A Ray worker that ran an export may be handed a benchmark next; running the benchmark in
+    a child of its own keeps its memory, threads and caches its own."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_die_with_parent) as pool:
+        try:
+            return pool.submit(bench_job, spec).result()
+        except BrokenProcessPool as e:  # the child died: a segfault, os._exit, the OOM killer
+            return BenchResult(spec.variant, ok=False, failure=Failure("benchmark", f"benchmark process died: {e}"))
 
 
 def bench_job(spec: BenchSpec) -> BenchResult:
-    """Load the backend, check parity against the reference, then time the phase's call."""
-    from tasks.bench import measure, summarize
-    from tasks.environment import fingerprint
-    from tasks.parity import check
+    """Load the backend, time its first call, check parity against the reference, then
+    time the phase's call."""
+    from tasks.bench import bench_metrics, measure, wall_clock
+    from tasks.environment import fingerprint, peak_bandwidth_gbs
+    from tasks.export import format_module
+    from tasks.phases import phase_module
     from tasks.runtimes import runtime_module
 
+    ran_before = ",".join(_RAN)
+    _RAN.append("bench")
     result = BenchResult(variant=spec.variant, ok=False)
     stage = "load"
     try:
-        result.env = fingerprint(spec.device)
-        result.params["pid"] = os.getpid()  # one fresh worker process per benchmark
+        phase = phase_module(spec.phase.name)
+        runtime = runtime_module(spec.runtime)
         meta, feeds, parity_data = load_export(spec.export_dir)
+        libraries = (*format_module(meta["export_format"]).LIBRARIES, *runtime.LIBRARIES)
+        result.env = fingerprint(spec.device, libraries)
+        result.params.update(pid=os.getpid(), process_ran_before=ran_before or "nothing")
         t0 = time.perf_counter()
-        session = runtime_module(spec.backend).load(spec, meta, feeds)
+        session = runtime.load(spec, meta, feeds)
         result.metrics["load_seconds"] = time.perf_counter() - t0
         result.metrics.update(session.metrics)
         result.params.update(session.info)
+        call = session.bind(feeds)
+        timer = session.timer() or wall_clock(session.sync)
+        result.metrics["first_call_ms"] = timer(call) / 1e6  # the fresh session's first call, before parity
 
         stage = "parity"
-        par = check(session, feeds, parity_data, spec.bench.parity_atol)
+        par = phase.check_parity(session, feeds, parity_data, spec.bench.parity_atol)
         result.parity = par
         result.metrics.update(
             parity_max_abs_diff=par["max_abs_diff"],
@@ -180,29 +223,31 @@ def bench_job(spec: BenchSpec) -> BenchResult:
             return result
 
         stage = "benchmark"
-        m = measure(session.bind(feeds), spec.bench, session.sync, session.timer())
-        stats = summarize(m.samples_ns)
-        tokens = spec.phase.batch * spec.phase.new_tokens
+        result.metrics["peak_rss_load_mb"] = _vm_hwm_mb()  # loading, first call and parity
+        reset = _reset_peak_rss()
+        m = measure(call, spec.bench, session.sync, session.timer())
+        stats = bench_metrics(m, spec.bench)
+        tokens = spec.phase.batch * phase.tokens_per_call(spec.phase)
         result.metrics.update(stats)
         result.metrics.update(
             tokens_per_s=tokens / (stats["latency_ms_median"] / 1e3),
-            first_call_ms=m.first_call_ns / 1e6,
             warmup_iters=m.warmup_iters,
             warmup_seconds=m.warmup_seconds,
-            peak_rss_mb=_peak_rss_mb(),
+            peak_rss_mb=_vm_hwm_mb() if reset else result.metrics["peak_rss_load_mb"],  # while timing
             **session.device_metrics(),
         )
-        if spec.phase.name == "decode":
-            result.metrics.update(_decode_bandwidth(spec, meta, feeds, stats["latency_ms_median"], result.env))
-        out = Path(spec.out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        samples = out / "latency_samples.json"
-        samples.write_text(
-            json.dumps(
-                {"variant": spec.variant, "unit": "ns", "first_call_ns": m.first_call_ns, "samples": m.samples_ns}
+        peak = spec.peak_bandwidth_gbs or peak_bandwidth_gbs(result.env.get("gpu_name", ""))
+        result.metrics.update(
+            phase.extra_metrics(
+                model_dtype=spec.model.dtype,
+                parameters=meta["details"]["parameters"],
+                feeds=feeds,
+                median_ms=stats["latency_ms_median"],
+                peak_gbs=peak if spec.device == "cuda" else None,
             )
         )
-        result.files = {"latency_samples.json": str(samples)}
+        result.samples_ns = m.samples_ns  # to the driver, inline
+        result.first_call_ns = int(result.metrics["first_call_ms"] * 1e6)
         result.ok = True
     except Exception as exc:
         result.failure = _failure(stage, exc)

@@ -6,16 +6,11 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tasks import families
 from tasks.specs import DTYPES, ModelSpec
 
 if TYPE_CHECKING:
     import torch
-
-# family -> (config class, model class), both in the top-level transformers namespace
-FAMILIES: dict[str, tuple[str, str]] = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM"),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
-}
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -27,11 +22,10 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def _classes(family: str):
-    if family not in FAMILIES:
-        raise ValueError(f"model.family={family!r} is unknown; choose one of {', '.join(FAMILIES)}")
+    """The family's transformers (config class, model class), from tasks.families.FAMILIES."""
+    fam = families.get_family(family)
     transformers = importlib.import_module("transformers")
-    config_cls, model_cls = FAMILIES[family]
-    return getattr(transformers, config_cls), getattr(transformers, model_cls)
+    return getattr(transformers, fam.config_class), getattr(transformers, fam.model_class)
 
 
 def check_checkpoint(path: str) -> Path:
@@ -66,19 +60,14 @@ def build_model(spec: ModelSpec) -> torch.nn.Module:
     return model.eval()
 
 
+def model_family(model: torch.nn.Module) -> str:
+    """The model.family of a built model, from its config's model_type."""
+    return families.family_of(model.config.model_type)
+
+
 def model_dims(model: torch.nn.Module) -> dict[str, int]:
-    """Sizes the phase inputs are generated from: layers, heads, head_dim, vocab."""
-    cfg = model.config
-    heads = cfg.num_attention_heads
-    return {
-        "layers": cfg.num_hidden_layers,
-        "heads": heads,
-        "kv_heads": getattr(cfg, "num_key_value_heads", None) or heads,
-        "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-        "vocab": cfg.vocab_size,
-        "max_positions": cfg.max_position_embeddings,
-        "sliding_window": getattr(cfg, "sliding_window", None) or 0,  # 0: full attention
-    }
+    """Sizes the phase inputs are generated from (tasks.families.model_dims of its config)."""
+    return families.model_dims(model_family(model), model.config.to_dict())
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -1,8 +1,8 @@
-"""Exported vs eager: one step, and many decode steps feeding the backend's own cache back.
+"""Exported vs eager: the comparisons every phase's parity check is built from.
 
 A decode graph that silently drops its cache still gives plausible logits on its first
 step; only running several steps, each fed the cache the previous step returned, and
-comparing every step with the reference catches it.
+comparing every step with the reference catches it (tasks/phases/decode.py does).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.runtimes.base import Session
+from tasks.runtimes._base import Session
+from tasks.specs import PAST
 
 
 def compare(actual: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
@@ -26,7 +27,7 @@ def host_steps(session: Session, feeds: dict[str, np.ndarray], tokens: np.ndarra
     """Consecutive decode steps through run(): each step's present cache becomes the next
     step's past. Returns each step's logits [B, 1, V]."""
     step_feeds = dict(feeds)
-    past_names = [n for n in feeds if n.startswith("past_key_values.")]
+    past_names = [n for n in feeds if n.startswith(PAST)]
     logits_per_step = []
     for t in range(tokens.shape[1]):
         step_feeds["input_ids"] = np.ascontiguousarray(tokens[:, t : t + 1])
@@ -37,15 +38,8 @@ def host_steps(session: Session, feeds: dict[str, np.ndarray], tokens: np.ndarra
     return logits_per_step
 
 
-def check(session: Session, feeds: dict[str, np.ndarray], parity: dict[str, np.ndarray], atol: float) -> dict[str, Any]:
-    ref = parity["ref_logits"]  # [N, B, 1, V]
-    if "step_tokens" not in parity:  # prefill: one call
-        diffs_top1 = [compare(session.run(feeds)[0], ref[0])]
-    else:
-        tokens = parity["step_tokens"]  # [B, N]
-        position = int(feeds["cache_position"][0])
-        run_steps = getattr(session, "run_steps", None) or (lambda f, tok, pos: host_steps(session, f, tok, pos))
-        diffs_top1 = [compare(logits, ref[t]) for t, logits in enumerate(run_steps(feeds, tokens, position))]
+def summary(diffs_top1: list[tuple[float, float]], atol: float) -> dict[str, Any]:
+    """The parity record of one variant: per step max abs diff and top-1, and the verdict."""
     diffs = [d for d, _ in diffs_top1]
     max_diff = max(diffs)
     return {

@@ -11,15 +11,42 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The values each choice-valued key accepts; the driver validates against these before any
-# work starts, and the torch-side registries (kv_cache.py, sdpa.py, models.py) match them.
-FAMILIES = ("llama", "phi3")
+# work starts, and the torch-side registries (kv_cache.py, sdpa.py) match them (tested).
+# Phases, export formats and runtimes are registries of modules: tasks/phases/,
+# tasks/export/, tasks/runtimes/.
+# Model families are one table with their adapters: tasks/families.py FAMILIES.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 DTYPES = tuple(DTYPE_BYTES)
 KV_CACHES = ("static", "dynamic")
 ATTENTIONS = ("sdpa", "math")
-PHASES = ("prefill", "decode")
 DEVICES = ("cpu", "cuda")
-EXPORT_FORMATS = ("none", "onnx", "executorch")
+
+# Graph input/output names of the KV cache, one pair per layer: `past_key_values.{i}.key`
+# in, `present.{i}.key` out. Every module that builds or reads them uses these.
+PAST = "past_key_values."
+PRESENT = "present."
+
+
+def kv_names(prefix: str, layers: int) -> list[str]:
+    """[prefix0.key, prefix0.value, prefix1.key, ...] for PAST or PRESENT."""
+    return [f"{prefix}{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+
+
+class ConfigError(ValueError):
+    """A config value that cannot run; the message names the key, the value and the choices."""
+
+
+def choice(key: str, value: Any, allowed: Any) -> None:
+    allowed = list(allowed)
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def at_least(key: str, value: Any, low: float, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if value is None or value < low:
+        raise ConfigError(f"{key}={value!r} must be >= {low:g}" + (" (or null)" if optional else ""))
 
 
 @dataclass(frozen=True)
@@ -37,7 +64,7 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class PhaseSpec:
-    name: str  # "prefill" | "decode"
+    name: str  # a module of tasks/phases/: "prefill" | "decode"
     batch: int
     prompt_len: int | None = None  # prefill: prompt tokens processed in one call
     context_len: int | None = None  # decode: positions already held by the KV cache
@@ -45,24 +72,15 @@ class PhaseSpec:
     parity_steps: int = 8  # decode: consecutive steps checked against eager
     seed: int = 0  # seed of the generated token ids
 
-    @property
-    def new_tokens(self) -> int:
-        """Tokens processed per sequence in one timed call."""
-        return self.prompt_len if self.name == "prefill" else 1
-
-    def capacity(self) -> int:
-        """Positions a decode cache must hold: cache_len, or context + checked steps."""
-        return self.cache_len or (self.context_len + self.parity_steps)
-
 
 @dataclass(frozen=True)
 class ExportSpec:
     key: str  # content hash of everything that changes the artifact
     model: ModelSpec
     phase: PhaseSpec
-    export_format: str  # "onnx" | "pte" | "none" (eager-style backends)
+    export_format: str  # a module of tasks/export/: "onnx" | "executorch" | "none" (eager-style backends)
     out_dir: str  # the export cache entry this job fills
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # the format's typed Options, as a dict
 
 
 @dataclass(frozen=True)
@@ -73,22 +91,22 @@ class BenchOptions:
     min_seconds: float = 1.0
     max_iters: int = 100_000
     max_seconds: float = 60.0
+    target_ci: float = 0.02  # stop once the median's 95% CI half-width is within this share of it
     threads: int | None = None  # None: every core the worker was given
-    cv_threshold: float = 0.10
+    unstable_iqr: float = 0.10  # IQR / median above which a variant is flagged unstable
     parity_atol: float = 1e-4
 
 
 @dataclass(frozen=True)
 class BenchSpec:
     variant: str
-    backend: str  # module name in tasks/runtimes/
+    runtime: str  # a module of tasks/runtimes/ ("onnxruntime") or an importable module path
     device: str  # "cpu" | "cuda"
     model: ModelSpec
     phase: PhaseSpec
     export_dir: str  # the export cache entry with the artifact, inputs and reference
-    out_dir: str  # where this job writes its own files (raw samples)
     bench: BenchOptions = field(default_factory=BenchOptions)
-    backend_options: dict[str, Any] = field(default_factory=dict)
+    runtime_options: dict[str, Any] = field(default_factory=dict)  # the runtime's typed Options, as a dict
     peak_bandwidth_gbs: float | None = None  # device memory peak; None: looked up by GPU name
 
 
@@ -120,6 +138,7 @@ class BenchResult:
     metrics: dict[str, float] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
     parity: dict[str, Any] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)  # name -> path to log as artifact
+    samples_ns: list[int] = field(default_factory=list)  # raw timed samples, returned inline
+    first_call_ns: int = 0
     env: dict[str, str] = field(default_factory=dict)  # where it ran: CPU, GPU, library versions
     failure: Failure | None = None

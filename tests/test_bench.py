@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import time
 
 import numpy as np
 import pytest
 
-from tasks.bench import measure, summarize, wall_clock
+from tasks.bench import Latency, bench_metrics, is_unstable, measure, median_ci_ranks, summarize, wall_clock
 from tasks.specs import BenchOptions
 
 
@@ -36,18 +37,20 @@ def test_first_call_is_reported_apart_and_warmup_runs_until_stable():
 
 
 def test_measures_at_least_min_iters_and_min_seconds():
-    opts = BenchOptions(warmup_iters=1, warmup_max_seconds=0, min_iters=5, min_seconds=0.2)
+    opts = BenchOptions(warmup_iters=1, warmup_max_seconds=0, min_iters=5, min_seconds=0.2, max_seconds=5.0)
     t0 = time.perf_counter()
     m = measure(lambda: time.sleep(0.01), opts)
     assert time.perf_counter() - t0 >= 0.2
     assert len(m.samples_ns) >= 5 and sum(m.samples_ns) >= 0.19e9
-    fast = measure(lambda: None, BenchOptions(warmup_iters=1, min_iters=50, min_seconds=0.0, warmup_max_seconds=0))
-    assert len(fast.samples_ns) == 50
+    loose = BenchOptions(warmup_iters=1, min_iters=50, min_seconds=0.0, warmup_max_seconds=0, target_ci=10.0)
+    fast = measure(lambda: None, loose)
+    assert len(fast.samples_ns) == 50 and fast.reached_target
 
 
 def test_max_iters_caps_the_loop():
     opts = BenchOptions(warmup_iters=1, warmup_max_seconds=0, min_iters=10, min_seconds=5.0, max_iters=30)
-    assert len(measure(lambda: None, opts).samples_ns) == 30
+    m = measure(lambda: None, opts)
+    assert len(m.samples_ns) == 30 and not m.hit_time_cap
 
 
 def test_wall_clock_includes_sync():
@@ -56,18 +59,156 @@ def test_wall_clock_includes_sync():
     assert synced == [1] and ns >= 0.02e9
 
 
+# -- the adaptive stop: the scripted durations also drive the loop's notion of time ---------
+
+QUICK = dict(warmup_iters=1, warmup_max_seconds=60, min_seconds=0.0)
+
+
+def schedule(start: int, upto: int) -> list[int]:
+    """The sample counts at which the stopping rule is checked: min_iters, then +10% each time."""
+    out = [start]
+    while out[-1] < upto:
+        out.append(out[-1] + max(1, int(out[-1] * 0.1)))
+    return out
+
+
+def test_constant_clock_stops_at_min_iters_on_precision():
+    m = measure(lambda: None, BenchOptions(min_iters=20, **QUICK), timer=FakeClock([1_000_000] * 10_000))
+    assert len(m.samples_ns) == 20 and m.reached_target and not m.hit_time_cap
+
+
+def test_noisy_clock_runs_until_the_median_is_precise():
+    rng = np.random.default_rng(1)
+    noisy = (rng.lognormal(0, 0.5, 100_000) * 1e6).astype(int).tolist()
+    opts = BenchOptions(min_iters=20, target_ci=0.02, **QUICK)
+    m = measure(lambda: None, opts, timer=FakeClock([1_000_000] * 3 + noisy))
+    n = len(m.samples_ns)
+    assert 200 < n < 100_000 and m.reached_target and not m.hit_time_cap
+    assert n in schedule(20, n)  # checked every 10% more samples, not after each one
+    assert summarize(m.samples_ns)["latency_median_ci_rel"] <= 0.02
+    assert summarize(m.samples_ns[: schedule(20, n)[-2]])["latency_median_ci_rel"] > 0.02  # the check before: not yet
+    # min_seconds holds it longer: 1 ms calls need at least 3000 of them for 3 s
+    slow = measure(lambda: None, BenchOptions(min_iters=20, warmup_iters=1, min_seconds=3.0), timer=FakeClock(noisy))
+    assert sum(slow.samples_ns) >= 3e9 and len(slow.samples_ns) in schedule(20, len(slow.samples_ns))
+
+
+def test_caps_are_flagged():
+    # 1 s calls, 5 s allowed, 20 calls wanted: the time cap, too few samples for any CI
+    capped = measure(lambda: None, BenchOptions(min_iters=20, max_seconds=5.0, **QUICK), timer=FakeClock([10**9] * 100))
+    assert len(capped.samples_ns) == 5 and capped.hit_time_cap and not capped.reached_target
+    assert "latency_ms_median_ci_low" not in summarize(capped.samples_ns)
+    # very noisy calls and a low max_iters: stopped by the cap before the target
+    rng = np.random.default_rng(2)
+    noisy = (rng.lognormal(0, 1.0, 1000) * 1e6).astype(int).tolist()
+    opts = BenchOptions(min_iters=20, max_iters=40, **QUICK)
+    m = measure(lambda: None, opts, timer=FakeClock([1_000_000] * 3 + noisy))
+    assert len(m.samples_ns) == 40 and not m.reached_target and not m.hit_time_cap
+    metrics = bench_metrics(m, opts)
+    assert metrics["reached_target"] == 0.0 and metrics["hit_time_cap"] == 0.0 and metrics["iterations"] == 40
+
+
+def test_garbage_collector_is_off_only_while_sampling():
+    seen = []
+    step = lambda: seen.append(gc.isenabled())  # noqa: E731
+    measure(step, BenchOptions(min_iters=10, **QUICK), timer=FakeClock([1_000_000] * 100))
+    assert seen[:3] == [True] * 3  # first call + two warm-up windows of one
+    assert seen[3:] == [False] * 10 and gc.isenabled()
+
+    calls = iter(range(100))
+
+    def boom():
+        if next(calls) == 5:
+            raise RuntimeError("step failed")
+
+    with pytest.raises(RuntimeError):
+        measure(boom, BenchOptions(min_iters=10, **QUICK), timer=FakeClock([1_000_000] * 100))
+    assert gc.isenabled()
+
+
+# -- statistics -------------------------------------------------------------------------------
+
+
 def test_statistics_match_numpy():
     rng = np.random.default_rng(0)
     samples = (rng.lognormal(0, 0.3, 1000) * 1e6).astype(int).tolist()
     s = summarize(samples)
     ms = np.array(samples) / 1e6
+    q1, q3 = np.percentile(ms, [25, 75])
     assert s["latency_ms_median"] == pytest.approx(np.median(ms))
+    assert s["latency_ms_p10"] == pytest.approx(np.percentile(ms, 10))
     assert s["latency_ms_p90"] == pytest.approx(np.percentile(ms, 90))
     assert s["latency_ms_p99"] == pytest.approx(np.percentile(ms, 99))
     assert s["latency_ms_min"] == pytest.approx(ms.min()) and s["latency_ms_mean"] == pytest.approx(ms.mean())
     assert s["latency_cv"] == pytest.approx(ms.std(ddof=1) / ms.mean())
+    assert s["latency_ms_iqr"] == pytest.approx(q3 - q1)
+    assert s["latency_iqr_rel"] == pytest.approx((q3 - q1) / np.median(ms))
+    assert s["latency_ms_mad"] == pytest.approx(np.median(np.abs(ms - np.median(ms))))
+    out_high = np.sum(ms > q3 + 1.5 * (q3 - q1))
+    assert s["outliers_high"] == out_high and s["outliers"] == out_high + np.sum(ms < q1 - 1.5 * (q3 - q1))
+    lo, hi = np.sort(ms)[[468, 531]]  # the order statistics of the 95% interval for n = 1000
+    assert (s["latency_ms_median_ci_low"], s["latency_ms_median_ci_high"]) == pytest.approx((lo, hi))
+    assert s["latency_median_ci_rel"] == pytest.approx((hi - lo) / 2 / np.median(ms))
     assert s["iterations"] == 1000
+    assert Latency.from_values(samples).as_metrics() == s
 
 
-def test_constant_samples_have_zero_cv():
-    assert summarize([5_000_000] * 20)["latency_cv"] == 0.0
+def test_median_interval_is_the_binomial_one_and_covers():
+    from scipy.stats import binom
+
+    assert median_ci_ranks(5) is None  # [min, max] of 5 covers only 94%
+    assert median_ci_ranks(6) == (0, 5)
+    assert median_ci_ranks(100) == (39, 60)  # the textbook ranks 40 and 61
+    for n in (6, 7, 20, 51, 100, 1000, 100_000):
+        lo, hi = median_ci_ranks(n)
+        assert hi == n - 1 - lo
+        assert 1 - 2 * binom.cdf(lo, n, 0.5) >= 0.95 > 1 - 2 * binom.cdf(lo + 1, n, 0.5)  # the tightest such pair
+    # empirically: it covers the true median of a skewed distribution about 95% of the time
+    rng = np.random.default_rng(0)
+    draws = np.sort(rng.exponential(1.0, (4000, 51)), axis=1)
+    lo, hi = median_ci_ranks(51)
+    covered = np.mean((draws[:, lo] <= np.log(2)) & (np.log(2) <= draws[:, hi]))
+    assert 0.95 <= covered <= 0.985
+
+
+def test_too_few_samples_report_only_what_exists():
+    assert summarize([]) == {"iterations": 0.0}
+    one = summarize([2_000_000])
+    assert one == {
+        "iterations": 1.0,
+        "latency_ms_median": 2.0,
+        "latency_ms_mean": 2.0,
+        "latency_ms_min": 2.0,
+        "latency_ms_max": 2.0,
+    }
+    two = summarize([1_000_000, 3_000_000])
+    assert two["latency_ms_std"] == pytest.approx(np.sqrt(2)) and two["latency_ms_iqr"] == pytest.approx(1.0)
+    assert "latency_ms_median_ci_low" not in two and "latency_median_ci_rel" not in two  # needs 6
+    assert "latency_ms_median_ci_low" in summarize([1_000_000] * 6)
+    opts = BenchOptions()
+    assert not is_unstable(one, opts) and not Latency.from_values([1]).is_unstable(0.1)
+
+
+def test_constant_samples_have_zero_spread():
+    s = summarize([5_000_000] * 20)
+    assert s["latency_cv"] == 0.0 and s["latency_iqr_rel"] == 0.0 and s["latency_median_ci_rel"] == 0.0
+    assert s["outliers"] == 0.0
+
+
+def stalls(rng, n: int, median_ms: float = 0.07) -> np.ndarray:
+    """Tiny-model calls as measured: lognormal around the median, rare 4-12 ms stalls."""
+    ms = median_ms * rng.lognormal(0, 0.03, n)
+    hit = rng.random(n) < 0.005
+    ms[hit] = rng.uniform(4, 12, hit.sum())
+    return (ms * 1e6).astype(np.int64)
+
+
+def test_unstable_is_judged_on_the_iqr_not_the_cv():
+    rng = np.random.default_rng(0)
+    opts = BenchOptions()
+    assert opts.unstable_iqr == 0.10
+    calm = summarize(stalls(rng, 5000).tolist())
+    assert calm["latency_cv"] > 1.0 and calm["latency_iqr_rel"] < 0.10 and calm["outliers_high"] > 0
+    assert not is_unstable(calm, opts)
+    wide = summarize((rng.lognormal(0, 0.3, 5000) * 1e6).astype(int).tolist())
+    assert wide["latency_iqr_rel"] > 0.10 and is_unstable(wide, opts)
+    assert is_unstable(calm, BenchOptions(unstable_iqr=0.01))

@@ -7,7 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from orchestrator.report import Outcome, compare_rows, shapes_text, status_text, summary_rows, table
+from orchestrator.compare import compare_rows, compare_sweeps
+from orchestrator.report import Outcome, shapes_text, status_text, summary_rows, table
 from tasks.environment import fingerprint, peak_bandwidth_gbs
 from tasks.jobs import _decode_bandwidth
 from tasks.specs import BenchSpec, PhaseSpec
@@ -75,14 +76,13 @@ def test_summary_rows_show_shapes_parity_and_status():
     assert status_text(Outcome("x", status="skipped", error="why")) == "skipped: why"
 
 
-def test_compare_rows_judge_ratios_against_reported_noise():
-    a = {
-        "v1": {"latency_ms_median": 1.0, "latency_cv": 0.05},
-        "v2": {"latency_ms_median": 2.0, "latency_cv": 0.02},
-        "only_a": {"latency_ms_median": 1.0},
-    }
-    b = {"v1": {"latency_ms_median": 1.04, "latency_cv": 0.03}, "v2": {"latency_ms_median": 2.5, "latency_cv": 0.05}}
-    rows = {r["variant"]: r for r in compare_rows(a, b)}
-    assert set(rows) == {"v1", "v2"}
-    assert rows["v1"]["ratio_b_a"] == "1.040" and rows["v1"]["verdict"] == "within noise"
-    assert rows["v2"]["ratio_b_a"] == "1.250" and rows["v2"]["verdict"] == "OUTSIDE noise"
+def test_compare_rows_show_each_variant_and_the_ones_only_one_sweep_has():
+    rng = np.random.default_rng(0)
+    base = {"v1": rng.lognormal(0, 0.05, 500) * 1e6, "only_a": [1_000_000] * 10}
+    cand = {"v1": rng.lognormal(0, 0.05, 500) * 1.5e6, "only_b": [1_000_000] * 10}
+    rows = {r["variant"]: r for r in compare_rows(compare_sweeps(base, cand))}
+    assert set(rows) == {"v1", "only_a", "only_b"}
+    assert rows["v1"]["verdict"] == "slower" and rows["v1"]["ratio"].startswith("1.")
+    assert rows["only_a"]["verdict"] == "only in baseline" and rows["only_b"]["verdict"] == "only in candidate"
+    text = table(list(rows.values()))
+    assert text.splitlines()[0].split() == ["variant", "baseline_ms", "candidate_ms", "ratio", "ratio_95ci", "p_holm", "verdict"]

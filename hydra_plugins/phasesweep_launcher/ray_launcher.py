@@ -1,7 +1,40 @@
-"""The class Hydra instantiates for hydra/launcher=phasesweep_ray (plugins must live here)."""
+"""phasesweep's Hydra launcher, hydra/launcher=phasesweep_ray (its schema: _config.py).
 
-from orchestrator.launcher import PhaseSweepLauncherBase
+Thin by design: it keeps what Hydra hands it and delegates to orchestrator.launcher.launch,
+which composes every job's config and runs the whole grid at once. Hydra imports this module
+during its plugin scan, so the orchestrator (and Ray, MLflow) is imported only at launch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hydra.core.utils import JobReturn
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+
+# importing the schema stores it in Hydra's ConfigStore (the plugin scan skips _config.py)
+from hydra_plugins.phasesweep_launcher._config import PhaseSweepRayLauncherConf
+
+__all__ = ["PhaseSweepRayLauncher", "PhaseSweepRayLauncherConf"]
 
 
-class PhaseSweepRayLauncher(PhaseSweepLauncherBase):
-    pass
+class PhaseSweepRayLauncher(Launcher):
+    def __init__(self, dry_run: bool = False) -> None:
+        """Takes the fields of PhaseSweepRayLauncherConf. `dry_run` is kept as `self.dry_run`:
+        the orchestrator reads it and passes it to orchestrator.run.run_sweep."""
+        self.dry_run = dry_run
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from orchestrator.launcher import launch  # not at import: Hydra's plugin scan imports this module
+
+        return launch(self, job_overrides, initial_job_idx)

@@ -1,19 +1,22 @@
-"""One module per export format, each exposing
-`export(graph, args, input_names, output_names, out_dir, options) -> (artifact_name, details)`.
+"""One module per export format. A new format is one module here (or any importable
+module named by a backend yaml's `export_format`). Each is importable without torch (the
+driver reads its facts) and provides:
+
+  LIBRARIES: tuple[str, ...]   distributions whose versions change what it produces (export key)
+  MEMORY_FACTOR: float         an export's peak memory, as a multiple of the weight bytes
+  RESOURCES: dict              Ray resources one export asks for, e.g. {"num_cpus": 1}
+  Options                      a dataclass of its typed options (backend.export_options);
+                               __post_init__ checks values and raises ConfigError
+  export(graph, args, input_names, output_names, out_dir, options) -> (artifact name | None, details)
 """
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
-from tasks.specs import EXPORT_FORMATS as FORMATS
+from tasks.registry import load_module
 
 
-def exporter(export_format: str) -> ModuleType | None:
-    """The module for a format; None for 'none' (eager-style backends keep no artifact)."""
-    if export_format not in FORMATS:
-        raise ValueError(f"backend.export_format={export_format!r} is unknown; choose one of {', '.join(FORMATS)}")
-    if export_format == "none":
-        return None
-    return importlib.import_module(f"tasks.export.{export_format}")
+def format_module(name: str) -> ModuleType:
+    """`onnx` -> tasks.export.onnx; a dotted name is imported as it is."""
+    return load_module("backend.export_format", name, __name__)

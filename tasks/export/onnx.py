@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from tasks.specs import at_least
 
-from tasks.export.shapes import dynamic_shapes
+if TYPE_CHECKING:
+    import torch
 
+LIBRARIES = ("torch", "transformers", "onnx", "onnxscript")
+# peak RSS of an export as a multiple of the weights: 6.2 GB for the Llama-3.2-1B
+# architecture in fp32 (4.9 GB of weights), 1.3x, rounded up
+MEMORY_FACTOR = 1.5
+RESOURCES = {"num_cpus": 1}
 # the ONNX weights go to an external file past this size (protobuf's 2 GiB limit)
 EXTERNAL_DATA_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Options:
+    opset: int | None = None  # None: the exporter's default opset
+    optimize: bool = True  # onnxscript graph optimizations after export
+
+    def __post_init__(self) -> None:
+        at_least("backend.export_options.opset", self.opset, 18, optional=True)
 
 
 def export(
@@ -22,6 +38,11 @@ def export(
     out_dir: Path,
     options: dict[str, Any],
 ) -> tuple[str, dict[str, Any]]:
+    import torch
+
+    from tasks.export._shapes import dynamic_shapes
+
+    opts = Options(**options)
     path = out_dir / "model.onnx"
     weight_bytes = sum(p.numel() * p.element_size() for p in graph.parameters())
     logging.getLogger("torch.onnx").setLevel(logging.WARNING)
@@ -34,9 +55,9 @@ def export(
             input_names=input_names,
             output_names=output_names,
             dynamic_shapes=dynamic_shapes(graph, args, input_names),
-            opset_version=options.get("opset"),
+            opset_version=opts.opset,
             external_data=weight_bytes > EXTERNAL_DATA_BYTES,
-            optimize=options.get("optimize", True),
+            optimize=opts.optimize,
             verbose=False,
         )
     import onnx

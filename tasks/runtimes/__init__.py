@@ -1,18 +1,22 @@
-"""One module per backend, each exposing `load(spec, meta) -> Session` (see base.py).
+"""One module per runtime (a backend's runner). A runtime for an existing export format is
+one module here plus one yaml in conf/backend/ (or any importable module named by the
+yaml's `runtime`). Each is importable without torch (the driver reads its facts) and
+provides:
 
-A new backend is one new file here plus one yaml in conf/backend/.
+  LIBRARIES: tuple[str, ...]   distributions whose versions change its measurements (bench key)
+  MEMORY_FACTOR: float         a benchmark's peak memory, as a multiple of the weight bytes
+  Options                      a dataclass of its typed options (backend.options);
+                               __post_init__ checks values and raises ConfigError
+  load(spec, meta, feeds) -> Session   (the protocol in _base.py)
 """
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
+from tasks.registry import load_module
 
-def runtime_module(backend: str) -> ModuleType:
-    try:
-        return importlib.import_module(f"tasks.runtimes.{backend}")
-    except ModuleNotFoundError as e:
-        if e.name == f"tasks.runtimes.{backend}":
-            raise ValueError(f"backend={backend!r} has no runtime module tasks/runtimes/{backend}.py") from e
-        raise
+
+def runtime_module(name: str) -> ModuleType:
+    """`onnxruntime` -> tasks.runtimes.onnxruntime; a dotted name is imported as it is."""
+    return load_module("backend.runtime", name, __name__)

@@ -1,18 +1,26 @@
 """ExecuTorch: the .pte runs in the ExecuTorch runtime (XNNPACK delegate) from Python.
 
-`import executorch.runtime` costs seconds: this module is imported only on the worker
+`import executorch.runtime` costs seconds: it happens inside the session, on the worker
 that benchmarks an executorch variant.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from tasks.specs import BenchSpec
+
+LIBRARIES = ("executorch",)
+MEMORY_FACTOR = 1.5
+
+
+@dataclass(frozen=True)
+class Options:
+    pass
 
 
 class PteSession:
@@ -31,10 +39,14 @@ class PteSession:
         self.metrics: dict[str, float] = {}
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        import torch
+
         outputs = self.method.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in feeds.values()])
         return [o.detach().clone().float().numpy() for o in outputs]  # copy out of the method's memory
 
     def bind(self, feeds: dict[str, np.ndarray]):
+        import torch
+
         inputs = [torch.from_numpy(np.ascontiguousarray(a)) for a in feeds.values()]
         method = self.method
         return lambda: method.execute(inputs)

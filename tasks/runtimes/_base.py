@@ -9,7 +9,7 @@ import numpy as np
 
 
 class Session(Protocol):
-    """What `tasks.runtimes.<backend>.load(spec, meta, feeds)` returns; `feeds` are the
+    """What `tasks.runtimes.<runtime>.load(spec, meta, feeds)` returns; `feeds` are the
     phase's inputs, for backends that specialise on them while loading (torch.compile)."""
 
     output_names: list[str]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from tasks.specs import PAST
+
 
 def dynamic_shapes(graph: torch.nn.Module, args: tuple[torch.Tensor, ...], input_names: list[str]):
     """None (all static) unless the decode graph takes a growing cache: then the sequence
     dim of every past_key_values input is dynamic, up to the model's max positions."""
-    past = [i for i, n in enumerate(input_names) if n.startswith("past_key_values.")]
+    past = [i for i, n in enumerate(input_names) if n.startswith(PAST)]
     if not past or getattr(graph, "kv_cache", "static") != "dynamic":
         return None
     max_len = graph.lm.config.max_position_embeddings

@@ -1,0 +1,36 @@
+"""The one exit path of the driver, shared by a single run (sweep.py) and a sweep (the launcher).
+
+A bad config ends the process with one line naming the key, the value and the choices; a
+sweep with failed variants ends it with status 1 and the names of the failed ones, after
+every variant is recorded and summarised. Hydra's traceback of a job is never the message.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from orchestrator.config import ConfigError
+from orchestrator.outcome import Outcome, Status
+
+
+def run_or_exit(
+    configs: list[DictConfig], overrides: list[list[str]], out_dir: Path, command: str, dry_run: bool = False
+) -> dict[int, Outcome]:
+    """orchestrator.run.run_sweep, or SystemExit: 'phasesweep: <what is wrong>' for a bad config,
+    'phasesweep: N variant(s) failed: a, b' (status 1) when any variant failed."""
+    # MLflow sets up its own loggers when imported (INFO to stderr); the driver shows their warnings only
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    from orchestrator.run import run_sweep  # the driver loads when a run starts: sweep.py --help stays fast
+
+    try:
+        outcomes = run_sweep(configs, overrides, out_dir, command, dry_run=dry_run)
+    except ConfigError as e:
+        sys.exit(f"phasesweep: {e}")
+    failed = sorted({o.name for o in outcomes.values() if o.status == Status.FAILED})
+    if failed:
+        sys.exit(f"phasesweep: {len(failed)} variant(s) failed: {', '.join(failed)}")
+    return outcomes

@@ -1,0 +1,51 @@
+"""What every phase module shares: the generated data's container, seeded tokens, and the
+window check. torch is imported inside the functions that need it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tasks.specs import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class PhaseData:
+    feeds: dict[str, np.ndarray]  # the timed call's inputs, by graph input name, in call order
+    parity: dict[str, np.ndarray]  # reference outputs (and step tokens) the parity check reads
+    dims: dict[str, int]
+
+    def example_args(self) -> tuple[torch.Tensor, ...]:
+        import torch
+
+        return tuple(torch.from_numpy(a) for a in self.feeds.values())
+
+    def shapes(self) -> dict[str, list[int]]:
+        return {name: list(a.shape) for name, a in self.feeds.items()}
+
+
+def tokens(gen: torch.Generator, vocab: int, shape: tuple[int, ...]) -> torch.Tensor:
+    import torch
+
+    return torch.randint(0, vocab, shape, generator=gen, dtype=torch.int64)
+
+
+def check_span(key: str, span: int, dims: dict[str, int]) -> None:
+    """`span` positions must fit the model: its maximum positions and any sliding window
+    (phasesweep's attention modules attend over the whole cache: past the window the
+    model and its eager reference would attend differently)."""
+    window = dims.get("sliding_window", 0)
+    if window and span > window:
+        raise ConfigError(
+            f"the model attends within a sliding_window={window}, and phase needs {span} positions "
+            f"({key}); phasesweep's attention is full attention: keep it <= {window}"
+        )
+    limit = dims["max_positions"]
+    if span > limit:
+        raise ConfigError(f"{key}={span} exceeds the model's max_position_embeddings={limit}")
+

@@ -1,0 +1,132 @@
+"""Decode: one new token per sequence against a KV cache already holding the context.
+
+Timed directly on the pre-filled cache, never derived from prefill by subtraction.
+
+  input_ids [B, 1], cache_position [1], past_key_values.{i}.key/value [B, H_kv, S, D]
+    -> logits [B, 1, V], present.{i}.key/value (static: [B, H_kv, S, D], dynamic: S + 1)
+
+A static cache holds `cache_len` slots (default: the context plus HEADROOM), whatever
+`parity_steps` is, so a parity setting never changes the timed shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tasks.phases._common import PhaseData, check_span, tokens
+from tasks.specs import DTYPE_BYTES, PAST, PRESENT, ConfigError, PhaseSpec, at_least, kv_names
+
+if TYPE_CHECKING:
+    import torch
+
+HEADROOM = 8  # default static-cache slots past the context: room for this many new tokens
+
+
+def capacity(phase: PhaseSpec) -> int:
+    """Slots of a static cache: cache_len, or the context plus HEADROOM."""
+    return phase.cache_len or phase.context_len + HEADROOM
+
+
+def normalize(phase: PhaseSpec, kv_cache: str) -> PhaseSpec:
+    """Decode uses batch, context, cache and steps; a dynamic cache has no fixed capacity."""
+    cache_len = capacity(phase) if kv_cache == "static" and phase.context_len else None
+    return replace(phase, prompt_len=None, cache_len=cache_len)
+
+
+def check(phase: PhaseSpec, dims: dict[str, int] | None = None) -> None:
+    at_least("phase.batch", phase.batch, 1)
+    at_least("phase.context_len", phase.context_len, 1)
+    at_least("phase.parity_steps", phase.parity_steps, 1)
+    at_least("phase.cache_len", phase.cache_len, 1, optional=True)
+    need = phase.context_len + phase.parity_steps
+    if phase.cache_len is not None and phase.cache_len < need:
+        default = "" if phase.cache_len != phase.context_len + HEADROOM else " (the default: context_len + 8)"
+        raise ConfigError(
+            f"phase.cache_len={phase.cache_len}{default} cannot hold context_len={phase.context_len} "
+            f"+ parity_steps={phase.parity_steps} = {need} positions; raise phase.cache_len or lower phase.parity_steps"
+        )
+    if dims:
+        check_span("phase.context_len + phase.parity_steps", need, dims)
+        if phase.cache_len is not None:
+            check_span("phase.cache_len", phase.cache_len, dims)
+
+
+def tokens_per_call(phase: PhaseSpec) -> int:
+    return 1
+
+
+def io_names(layers: int) -> tuple[list[str], list[str]]:
+    return ["input_ids", "cache_position", *kv_names(PAST, layers)], ["logits", *kv_names(PRESENT, layers)]
+
+
+def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dict[str, int]) -> PhaseData:
+    """The cache after a seeded context of context_len tokens, filled by the reference
+    transformers model and laid out [B, H_kv, S, D]; the first step's token; and the
+    reference logits of parity_steps consecutive steps decoding seeded tokens."""
+    import torch
+
+    from tasks.kv_cache import make_kv_cache
+
+    gen = torch.Generator().manual_seed(phase.seed)
+    b = phase.batch
+    ctx = tokens(gen, dims["vocab"], (b, phase.context_len))  # [B, C]
+    steps = tokens(gen, dims["vocab"], (b, phase.parity_steps))  # [B, N]
+    with torch.inference_mode():
+        cache = model(input_ids=ctx, use_cache=True).cache  # reference DynamicCache holding C positions
+        layout = make_kv_cache(kv_cache)
+        past: dict[str, np.ndarray] = {}
+        names = iter(kv_names(PAST, dims["layers"]))
+        slots = capacity(phase)  # a dynamic cache ignores it: it holds exactly the context
+        for layer in cache.layers:
+            past[next(names)] = layout.from_prefix(layer.keys.clone(), slots).numpy()
+            past[next(names)] = layout.from_prefix(layer.values.clone(), slots).numpy()
+        feeds = {
+            "input_ids": np.ascontiguousarray(steps[:, :1].numpy()),  # [B, 1]
+            "cache_position": np.array([phase.context_len], dtype=np.int64),  # [1]
+            **past,
+        }
+        refs = []
+        for t in range(phase.parity_steps):  # the reference decodes the same tokens, step by step
+            out = model(input_ids=steps[:, t : t + 1], cache=cache, use_cache=True)
+            refs.append(out.logits[:, -1:].float())  # [B, 1, V]
+    assert list(feeds) == io_names(dims["layers"])[0]
+    return PhaseData(feeds, {"step_tokens": steps.numpy(), "ref_logits": torch.stack(refs).numpy()}, dims)
+
+
+def build_graph(model: torch.nn.Module, family: str, kv_cache: str, attention: str) -> torch.nn.Module:
+    from tasks.graphs import DecodeGraph, swap_attention
+
+    swap_attention(model, family, kv_cache, attention)
+    graph = DecodeGraph(model)
+    graph.kv_cache = kv_cache  # exporters read it: a dynamic cache has a dynamic sequence dim
+    return graph.eval()
+
+
+def check_parity(session: Any, feeds: dict, parity: dict, atol: float) -> dict[str, Any]:
+    """parity_steps consecutive steps, each fed the cache the backend returned the step
+    before (on the device where the session offers run_steps), every step compared."""
+    from tasks.parity import compare, host_steps, summary
+
+    tokens_ = parity["step_tokens"]  # [B, N]
+    ref = parity["ref_logits"]  # [N, B, 1, V]
+    start = int(feeds["cache_position"][0])
+    run_steps = getattr(session, "run_steps", None)
+    logits = run_steps(feeds, tokens_, start) if run_steps else host_steps(session, feeds, tokens_, start)
+    return summary([compare(step, ref[t]) for t, step in enumerate(logits)], atol)
+
+
+def extra_metrics(
+    *, model_dtype: str, parameters: int, feeds: dict[str, np.ndarray], median_ms: float, peak_gbs: float | None
+) -> dict[str, float]:
+    """Bytes a decode step must read (every weight once, the whole KV cache it attends
+    over) per second of median latency, and its fraction of the device's peak if known."""
+    weights = parameters * DTYPE_BYTES[model_dtype]
+    cache = sum(a.nbytes for n, a in feeds.items() if n.startswith(PAST))
+    achieved = (weights + cache) / (median_ms / 1e3) / 1e9
+    out = {"decode_bytes_per_step": float(weights + cache), "achieved_bandwidth_gbs": achieved}
+    if peak_gbs:
+        out.update(peak_bandwidth_gbs=peak_gbs, bandwidth_fraction_of_peak=achieved / peak_gbs)
+    return out

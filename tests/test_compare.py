@@ -1,0 +1,198 @@
+"""The regression verdict: its statistics on synthetic samples, and its MLflow I/O on a temporary store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from orchestrator.compare import bootstrap_medians, compare_samples, compare_sweeps, holm, main, verdict
+
+
+def stalls(rng, n: int, median_ms: float = 0.07, stall_rate: float = 0.005, sigma: float = 0.03) -> np.ndarray:
+    """Tiny-model calls as this machine measures them: lognormal around the median, plus rare
+    4-12 ms stalls (std/mean of 33-292% while MAD/median is a few percent)."""
+    ms = median_ms * rng.lognormal(0, sigma, n)
+    hit = rng.random(n) < stall_rate
+    ms[hit] = rng.uniform(4, 12, hit.sum())
+    return (ms * 1e6).astype(np.int64)
+
+
+def cv(x) -> float:
+    return float(np.std(x, ddof=1) / np.mean(x))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_identical_distributions_are_never_slower(seed):
+    rng = np.random.default_rng(seed)
+    a, b = stalls(rng, 2000), stalls(rng, 2000)
+    r = compare_samples(a, b, seed=seed)
+    assert r["verdict"] == "same" and abs(r["ratio"] - 1) < 0.01 and r["ratio_ci_high"] - r["ratio_ci_low"] < 0.01
+    wide = compare_samples(rng.lognormal(0, 0.3, 2000) * 1e6, rng.lognormal(0, 0.3, 2000) * 1e6, seed=seed)
+    assert wide["verdict"] in ("same", "inconclusive")
+
+
+def test_many_identical_variants_give_no_slower_after_holm():
+    rng = np.random.default_rng(42)
+    base = {f"v{i}": stalls(rng, 2000, sigma=0.2) for i in range(12)}
+    cand = {f"v{i}": stalls(rng, 2000, sigma=0.2) for i in range(12)}
+    report = compare_sweeps(base, cand)
+    assert not [r for r in report["variants"] if r["verdict"] in ("slower", "faster")]
+    assert all(r["p_holm"] >= r["p_value"] for r in report["variants"])
+
+
+def test_thirty_percent_slower_is_slower_with_the_right_ratio():
+    covered = 0
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        r = compare_samples(stalls(rng, 2000), stalls(rng, 2000, median_ms=0.07 * 1.3), seed=seed)
+        assert r["verdict"] == "slower" and r["ratio"] == pytest.approx(1.3, abs=0.01) and r["p_value"] < 1e-10
+        assert r["ratio_ci_high"] - r["ratio_ci_low"] < 0.02
+        covered += r["ratio_ci_low"] <= 1.3 <= r["ratio_ci_high"]
+    assert covered >= 17  # a 95% interval: it holds the true ratio in about 19 of 20 draws
+
+
+def test_three_times_slower_is_slower_however_heavy_the_tail():
+    rng = np.random.default_rng(7)
+    a = stalls(rng, 2000, stall_rate=0.01)
+    b = stalls(rng, 2000, stall_rate=0.01) * 3  # everything 3x slower, the stalls too
+    assert cv(a) > 3 and cv(b) > 3  # the old rule called |ratio - 1| <= max CV "within noise"
+    r = compare_samples(a, b)
+    assert abs(r["ratio"] - 1) <= max(cv(a), cv(b))
+    assert r["verdict"] == "slower" and r["ratio"] == pytest.approx(3.0, abs=0.05)
+
+
+def test_faster_and_inconclusive():
+    rng = np.random.default_rng(3)
+    fast = compare_samples(stalls(rng, 2000), stalls(rng, 2000, median_ms=0.07 * 0.7))
+    assert fast["verdict"] == "faster" and fast["ratio_ci_high"] < 0.95
+    # a 4% shift measured on wide samples: real (p small), but its interval straddles 1.05
+    a, b = rng.lognormal(0, 0.3, 2000) * 1e6, rng.lognormal(0, 0.3, 2000) * 1.04e6
+    small = compare_samples(a, b)
+    assert small["ratio_ci_low"] < 1.05 < small["ratio_ci_high"] and small["verdict"] == "inconclusive"
+
+
+def test_verdict_rules():
+    assert verdict(1.10, 1.20, 0.01) == "slower"
+    assert verdict(1.10, 1.20, 0.20) == "inconclusive"  # big, but not significant after correction
+    assert verdict(1.02, 1.20, 0.001) == "inconclusive"  # could be below the smallest effect that matters
+    assert verdict(0.80, 0.90, 0.001) == "faster"
+    assert verdict(0.97, 1.03, 0.001) == "same"  # significant yet too small to matter
+    assert verdict(0.97, 1.03, 0.5, min_effect=0.02) == "inconclusive"
+
+
+def test_holm_matches_a_hand_computed_example():
+    # sorted: 0.005*4 = 0.02, 0.01*3 = 0.03, 0.03*2 = 0.06, 0.04*1 = 0.04 -> kept monotone: 0.06
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.6]) == [1.0, 1.0] and holm([0.02]) == [0.02] and holm([]) == []
+
+
+def test_bootstrap_medians_follow_plain_resampling():
+    rng = np.random.default_rng(0)
+    x = np.sort(rng.lognormal(0, 0.5, 51))
+    drawn = bootstrap_medians(x, rng.random(100_000))
+    brute = np.median(x[rng.integers(0, 51, (20_000, 51))], axis=1)
+    assert np.percentile(drawn, [2.5, 50, 97.5]) == pytest.approx(np.percentile(brute, [2.5, 50, 97.5]), rel=0.01)
+    assert set(np.unique(drawn)) <= set(x)  # odd n: every bootstrap median is one of the samples
+
+
+def test_hundred_thousand_samples_compare_fast():
+    import time
+
+    rng = np.random.default_rng(0)
+    a, b = stalls(rng, 100_000), stalls(rng, 100_000)
+    t0 = time.perf_counter()
+    r = compare_samples(a, b)
+    assert time.perf_counter() - t0 < 5 and r["verdict"] == "same"
+
+
+def test_compare_imports_no_torch():
+    code = "import sys, orchestrator.compare; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# -- MLflow I/O on a temporary store ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("phasesweep", artifact_location=(root / "artifacts").as_uri())
+    t = [1_700_000_000_000]
+
+    def sweep(variants: dict[str, np.ndarray], failed: tuple[str, ...] = (), experiment: str = exp) -> str:
+        t[0] += 60_000
+        parent = client.create_run(experiment, start_time=t[0], run_name="sweep", tags={"phasesweep.role": "sweep"})
+        pid = parent.info.run_id
+        for name, samples in variants.items():
+            status = "failed" if name in failed else "ok"
+            tags = {"mlflow.parentRunId": pid, "phasesweep.role": "variant", "status": status}
+            child = client.create_run(experiment, start_time=t[0] + 1, run_name=name, tags=tags)
+            payload = {"variant": name, "unit": "ns", "first_call_ns": 10**7, "samples": samples.tolist()}
+            client.log_text(child.info.run_id, json.dumps(payload), "latency_samples.json")
+            client.set_terminated(child.info.run_id)
+        client.set_terminated(pid)
+        return pid
+
+    return uri, client, sweep
+
+
+def test_compare_two_sweeps_end_to_end(store, capsys):
+    uri, client, sweep = store
+    rng = np.random.default_rng(0)
+    decode, prefill = "llama_decode_onnxruntime_cpu", "llama_prefill_onnxruntime_cpu"
+    base = sweep({decode: stalls(rng, 2000), prefill: stalls(rng, 2000, 1.4), "old_only": stalls(rng, 50)})
+    cand = sweep(
+        {
+            decode: stalls(rng, 2000),
+            prefill: stalls(rng, 2000, 1.4 * 1.3),
+            "new_only": stalls(rng, 50),
+            "broken": stalls(rng, 50),
+        },
+        failed=("broken",),
+    )
+    assert main([base, cand, "--uri", uri]) == 1
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("llama_", "old_", "new_"))}
+    assert rows[prefill].split()[-1] == "slower" and rows[decode].split()[-1] == "same"
+    assert rows["old_only"].endswith("only in baseline") and rows["new_only"].endswith("only in candidate")
+    assert "broken" not in out and "(slower: llama_prefill_onnxruntime_cpu)" in out
+
+    logged = client.get_run(cand)
+    assert logged.data.tags["compare.baseline"] == base
+    text = open(client.download_artifacts(cand, "compare.txt")).read()
+    assert "slower" in text and prefill in text
+    report = json.loads(open(client.download_artifacts(cand, "compare.json")).read())
+    found = {r["variant"]: r for r in report["variants"]}
+    assert found[prefill]["ratio_ci_low"] <= 1.3 <= found[prefill]["ratio_ci_high"]
+    assert report["baseline"] == base and report["only_in_candidate"] == ["new_only"]
+
+    # a rerun that did not regress: the latest two sweeps, found by default, exit 0
+    again = sweep({decode: stalls(rng, 2000), prefill: stalls(rng, 2000, 1.4 * 1.3)})
+    assert main(["--uri", uri]) == 0
+    assert client.get_run(again).data.tags["compare.baseline"] == cand
+    # an experiment name stands for its latest sweep
+    assert main([cand, "phasesweep", "--uri", uri]) == 0
+
+
+def test_usage_errors_exit_2(store, capsys):
+    uri, client, sweep = store
+    lonely = client.create_experiment("lonely")
+    only = sweep({"v": np.arange(1, 100)}, experiment=lonely)
+    assert main(["--uri", uri, "--experiment", "lonely"]) == 2
+    assert "need two sweeps to compare, found 1" in capsys.readouterr().err
+    assert main([only, "--uri", uri]) == 2  # one of the two
+    assert main(["lonely", "lonely", "--uri", uri]) == 2  # the same sweep twice
+    assert main([only, "no-such-thing", "--uri", uri]) == 2
+    assert "neither a run id nor an MLflow experiment name" in capsys.readouterr().err
+    child = client.search_runs([lonely], filter_string=f"tags.mlflow.parentRunId = '{only}'")[0].info.run_id
+    assert main([only, child, "--uri", uri]) == 2
+    assert "variant's run" in capsys.readouterr().err

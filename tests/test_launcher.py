@@ -1,0 +1,175 @@
+"""The Hydra launcher plugin (discovery, its config in the ConfigStore), the one exit path a
+single run and a sweep share, and the driver's logging; run_sweep is faked: no Ray, no sweep."""
+
+from __future__ import annotations
+
+import logging
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.plugins import Plugins
+from hydra.plugins.launcher import Launcher
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from orchestrator.config import ConfigError
+from orchestrator.entry import run_or_exit
+from orchestrator.outcome import Outcome, Status
+from orchestrator.report import say
+from tests.conftest import CONF, ROOT
+
+
+@pytest.fixture
+def hydra_cfg():
+    """`hydra_cfg(*overrides)`: conf/sweep.yaml composed with its hydra node."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        yield lambda *overrides: compose("sweep", overrides=list(overrides), return_hydra_config=True)
+    GlobalHydra.instance().clear()
+
+
+@pytest.fixture
+def fake_run_sweep(monkeypatch):
+    """Replaces orchestrator.run.run_sweep: `fake.returns` (or `fake.raises`) is what it does;
+    `fake.calls` what it was given. It says one line, as the real one does."""
+    import orchestrator.run
+
+    class Fake:
+        def __init__(self) -> None:
+            self.calls: list[dict] = []
+            self.returns: dict[int, Outcome] | None = None
+            self.raises: Exception | None = None
+
+        def __call__(self, configs, overrides, out_dir, command, dry_run=False):
+            self.calls.append(
+                dict(configs=configs, overrides=overrides, out_dir=out_dir, command=command, dry_run=dry_run)
+            )
+            say(f"phasesweep: fake sweep of {len(configs)} config(s)")
+            if self.raises is not None:
+                raise self.raises
+            if self.returns is not None:
+                return self.returns
+            return {i: Outcome(f"v{i}", Status.OK) for i in range(len(configs))}
+
+    fake = Fake()
+    monkeypatch.setenv("MLFLOW_LOGGING_LEVEL", "WARNING")  # run_or_exit sets it; restored after
+    monkeypatch.setattr(orchestrator.run, "run_sweep", fake)
+    return fake
+
+
+@pytest.fixture
+def sweep_app(monkeypatch):
+    """`sweep_app(*argv)` runs sweep.py's Hydra app in this process, as `python sweep.py *argv`
+    would; Hydra's global state and the logging it configures are restored after."""
+    root, ours = logging.getLogger(), logging.getLogger("phasesweep")
+    saved = root.level, root.handlers[:], ours.level, ours.handlers[:], ours.propagate
+    GlobalHydra.instance().clear()
+
+    def app(*argv: str) -> None:
+        monkeypatch.setattr(sys, "argv", ["sweep.py", *argv])
+        runpy.run_path(str(ROOT / "sweep.py"), run_name="__main__")
+
+    yield app
+    GlobalHydra.instance().clear()
+    for handler in {*root.handlers, *ours.handlers} - {*saved[1], *saved[3]}:
+        handler.close()
+    root.setLevel(saved[0])
+    root.handlers[:] = saved[1]
+    ours.setLevel(saved[2])
+    ours.handlers[:] = saved[3]
+    ours.propagate = saved[4]
+
+
+def test_plugin_is_discovered():
+    names = [f"{p.__module__}.{p.__name__}" for p in Plugins.instance().discover(Launcher)]
+    assert "hydra_plugins.phasesweep_launcher.ray_launcher.PhaseSweepRayLauncher" in names
+
+
+def test_launcher_config_is_in_the_config_store(hydra_cfg):
+    launcher = hydra_cfg().hydra.launcher
+    assert launcher._target_.endswith("PhaseSweepRayLauncher")
+    assert launcher.dry_run is False
+    assert hydra_cfg("hydra.launcher.dry_run=true").hydra.launcher.dry_run is True
+    assert instantiate(hydra_cfg("hydra.launcher.dry_run=true").hydra.launcher).dry_run is True
+
+
+def test_job_logging_is_ours(hydra_cfg):
+    logs = OmegaConf.to_container(hydra_cfg().hydra.job_logging)  # not resolved: no run dir yet
+    assert logs["root"]["level"] == "WARNING"
+    assert logs["loggers"]["phasesweep"]["level"] == "INFO"
+    console, file = logs["handlers"]["console"], logs["handlers"]["file"]
+    assert logs["formatters"][console["formatter"]]["format"] == "%(message)s"
+    assert console["stream"] == "ext://sys.stdout"
+    assert file["filename"] == "${hydra.runtime.output_dir}/${hydra.job.name}.log"
+
+
+def test_plugin_modules_import_light():
+    """Hydra's plugin scan imports every module under hydra_plugins: none may pull in the driver."""
+    code = (
+        "import sys; from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher;"
+        "Plugins.instance().discover(Launcher);"
+        "import hydra_plugins.phasesweep_launcher._config;"
+        "heavy = [m for m in ('torch', 'ray', 'mlflow', 'orchestrator.run', 'orchestrator.launcher') if m in sys.modules];"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+def test_exit_on_config_error(fake_run_sweep, tmp_path):
+    fake_run_sweep.raises = ConfigError("model.kv_cache='paged' is not allowed; choose one of: static, dynamic")
+    with pytest.raises(SystemExit) as exit_:
+        run_or_exit([], [], tmp_path, "python sweep.py")
+    assert exit_.value.code == "phasesweep: model.kv_cache='paged' is not allowed; choose one of: static, dynamic"
+
+
+def test_exit_names_the_failed_variants_once(fake_run_sweep, tmp_path):
+    b = Outcome("b_decode", Status.FAILED)  # two jobs planned as one variant share its outcome
+    fake_run_sweep.returns = {0: b, 1: Outcome("c", Status.OK), 2: Outcome("a_prefill", Status.FAILED), 3: b}
+    with pytest.raises(SystemExit) as exit_:
+        run_or_exit([], [], tmp_path, "python sweep.py")
+    assert exit_.value.code == "phasesweep: 2 variant(s) failed: a_prefill, b_decode"
+
+
+def test_no_exit_when_nothing_failed(fake_run_sweep, tmp_path):
+    fake_run_sweep.returns = {0: Outcome("a", Status.OK), 1: Outcome("b", Status.SKIPPED)}
+    assert run_or_exit([], [], tmp_path, "python sweep.py", dry_run=True) == fake_run_sweep.returns
+    assert fake_run_sweep.calls[0]["dry_run"] is True
+
+
+def test_multirun_hands_the_whole_grid_to_run_sweep_once(sweep_app, fake_run_sweep, tmp_path, capsys):
+    sweep_dir = tmp_path / "multirun"
+    fake_run_sweep.returns = {}  # what a dry run returns: it runs nothing
+    sweep_app("-m", "model=llama,phi3", "phase.batch=2", f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.dry_run=true")
+    (call,) = fake_run_sweep.calls
+    assert [c.model.name for c in call["configs"]] == ["llama", "phi3"]
+    assert call["overrides"] == [["model=llama", "phase.batch=2"], ["model=phi3", "phase.batch=2"]]
+    assert call["out_dir"] == sweep_dir
+    assert call["command"] == "python sweep.py -m model=llama,phi3 phase.batch=2"
+    assert call["dry_run"] is True
+    # the driver's lines: as they are on stdout, and in the sweep's log file
+    assert "phasesweep: fake sweep of 2 config(s)\n" in capsys.readouterr().out
+    assert "phasesweep: fake sweep of 2 config(s)" in (sweep_dir / "sweep.log").read_text()
+
+
+def test_multirun_exits_with_the_failed_variants(sweep_app, fake_run_sweep, tmp_path):
+    fake_run_sweep.returns = {0: Outcome("llama_prefill_onnxruntime_cpu", Status.FAILED)}
+    with pytest.raises(SystemExit) as exit_:
+        sweep_app("-m", "model=llama", f"hydra.sweep.dir={tmp_path}")
+    assert exit_.value.code == "phasesweep: 1 variant(s) failed: llama_prefill_onnxruntime_cpu"
+
+
+def test_single_run_goes_through_the_same_path(sweep_app, fake_run_sweep, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    sweep_app("model=phi3", f"hydra.run.dir={run_dir}")
+    (call,) = fake_run_sweep.calls
+    assert [c.model.name for c in call["configs"]] == ["phi3"]
+    assert call["overrides"] == [["model=phi3"]]
+    assert Path(call["out_dir"]) == run_dir
+    assert call["dry_run"] is False
+    assert "phasesweep: fake sweep of 1 config(s)\n" in capsys.readouterr().out
+    assert "phasesweep: fake sweep of 1 config(s)" in (run_dir / "sweep.log").read_text()
