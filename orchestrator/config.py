@@ -99,8 +99,9 @@ def typed(key: str, schema: type, values: Any) -> dict[str, Any]:
         merged = OmegaConf.to_container(OmegaConf.merge(base, values or {}), resolve=True)
     except ConfigKeyError as e:
         raise ConfigError(f"{key}.{e.key} is not a known key; allowed keys: {allowed}") from None
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"{key}.{e.key}={OmegaConf.select(values, str(e.key))!r}: {str(e).splitlines()[0]}") from None
+    except OmegaConfBaseException as e:  # a wrong type; `values` is a plain dict (or a DictConfig)
+        value = (values or {}).get(e.key) if e.key is not None else None
+        raise ConfigError(f"{key}.{e.key}={value!r}: {str(e).splitlines()[0]}") from None
     return asdict(schema(**merged))
 
 
@@ -143,8 +144,9 @@ class ClusterCfg:
 def check_bench(b: BenchOptions) -> None:
     for key in ("warmup_iters", "min_iters", "max_iters"):
         at_least(f"bench.{key}", getattr(b, key), 1)
-    for key in ("warmup_max_seconds", "min_seconds", "max_seconds", "target_ci", "unstable_iqr", "parity_atol"):
+    for key in ("warmup_max_seconds", "min_seconds", "max_seconds", "target_ci", "unstable_iqr"):
         at_least(f"bench.{key}", getattr(b, key), 0)
+    at_least("bench.parity_atol", b.parity_atol, 0, optional=True)
     at_least("bench.threads", b.threads, 1, optional=True)
     if b.min_iters > b.max_iters:
         raise ConfigError(f"bench.min_iters={b.min_iters} exceeds bench.max_iters={b.max_iters}")

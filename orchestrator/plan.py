@@ -144,6 +144,22 @@ def _export_dir(cache: Path, v: Variant) -> str:
     return str(cache / f"{v.model.name}_{v.phase.name}_{v.backend.export_format}-{v.export_key[:16]}")
 
 
+def unsupported(point: SweepPoint) -> str | None:
+    """Why this backend cannot run this point at all (a skip, never a failure), or None."""
+    b, device, dtype = point.backend, point.device.name, point.model.dtype
+    if device not in b.devices:
+        return f"backend {b.name} does not run on device={device} (backend.devices: {', '.join(b.devices)})"
+    runtime = runtime_module(b.runtime)
+    runs = runtime.DTYPES.get(device, ())
+    if dtype not in runs:
+        note = getattr(runtime, "DTYPE_NOTE", "")
+        return (
+            f"backend {b.name} does not run model.dtype={dtype} on device={device} "
+            f"(runs: {', '.join(runs) or 'none'}){': ' + note if note else ''}"
+        )
+    return None
+
+
 def make_plan(
     points: list[SweepPoint], configs: list[DictConfig], overrides: list[list[str]], capacity: Capacity
 ) -> Plan:
@@ -155,11 +171,8 @@ def make_plan(
     skipped: list[Skipped] = []
     for idx, (point, cfg) in enumerate(zip(points, configs, strict=True)):
         v = Variant.from_point(point, tuple(overrides[idx]))
-        if point.device.name not in point.backend.devices:
-            reason = (
-                f"backend {point.backend.name} does not run on device={point.device.name} "
-                f"(backend.devices: {', '.join(point.backend.devices)})"
-            )
+        reason = unsupported(point)
+        if reason:
             skipped.append(Skipped(idx, v.base_name, reason, v, cfg))
             continue
         threads = bench_threads(capacity, v.device.name, v.bench.threads)  # "all cores" of a bench node

@@ -36,10 +36,14 @@ def _import_ray_on_loopback():
     already = "ray" in sys.modules
     import ray
 
-    if already:  # imported before our environment was set: apply the same switch directly
+    if already:  # imported before our environment was set: apply the same switches directly
         from ray._private import ray_constants
+        from ray._raylet import Config
 
         ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] not in ("0", "false")
+        # Ray's C++ config read RAY_AUTH_MODE at import: re-read it, or this driver would not
+        # send the token the GCS it starts (which inherits RAY_AUTH_MODE=token) asks for
+        Config.initialize("")
     return ray
 
 

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import time
 import traceback
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,7 @@ def export_job(spec: ExportSpec) -> ExportResult:
             "input_names": input_names,
             "output_names": output_names,
             "input_shapes": data.shapes(),
+            "input_dtypes": data.dtypes,
             "details": {**details, **data.dims, "parameters": count_parameters(model), "torch": torch.__version__},
         }
         (tmp / META).write_text(json.dumps(meta, indent=1))
@@ -182,6 +184,7 @@ def bench_job(spec: BenchSpec) -> BenchResult:
     from tasks.bench import bench_metrics, measure, wall_clock
     from tasks.environment import fingerprint, peak_bandwidth_gbs
     from tasks.export import format_module
+    from tasks.parity import tolerance
     from tasks.phases import phase_module
     from tasks.runtimes import runtime_module
 
@@ -206,26 +209,32 @@ def bench_job(spec: BenchSpec) -> BenchResult:
         result.metrics["first_call_ms"] = timer(call) / 1e6  # the fresh session's first call, before parity
 
         stage = "parity"
-        par = phase.check_parity(session, feeds, parity_data, spec.bench.parity_atol)
+        atol = tolerance(spec.model.dtype, spec.bench.parity_atol)
+        par = phase.check_parity(session, feeds, parity_data, atol)
         result.parity = par
         result.metrics.update(
             parity_max_abs_diff=par["max_abs_diff"],
             parity_top1_agreement=par["top1_agreement"],
             parity_steps=par["steps"],
         )
+        if "cache_max_abs_diff" in par:
+            result.metrics["parity_cache_max_abs_diff"] = par["cache_max_abs_diff"]
+        if hasattr(session, "recompiles"):  # torch.compile: graphs compiled again by parity's calls
+            result.metrics["compile_recompiles"] = float(session.recompiles())
         if not par["passed"]:
             worst = int(np.argmax(par["per_step_max_abs_diff"]))
             result.failure = Failure(
                 "parity",
-                f"logits differ from eager by {par['max_abs_diff']:.3g} > atol {par['atol']:g} "
-                f"(worst at step {worst + 1} of {par['steps']})",
+                f"logits differ from eager by {par['max_abs_diff']:.3g} (atol {par['atol']:g}), top-1 agreement "
+                f"{par['top1_agreement']:.0%} (worst at step {worst + 1} of {par['steps']})",
             )
             return result
 
         stage = "benchmark"
         result.metrics["peak_rss_load_mb"] = _vm_hwm_mb()  # loading, first call and parity
         reset = _reset_peak_rss()
-        m = measure(call, spec.bench, session.sync, session.timer())
+        with getattr(session, "timed_region", nullcontext)():
+            m = measure(call, spec.bench, session.sync, session.timer())
         stats = bench_metrics(m, spec.bench)
         tokens = spec.phase.batch * phase.tokens_per_call(spec.phase)
         result.metrics.update(stats)

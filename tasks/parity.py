@@ -14,6 +14,16 @@ import numpy as np
 from tasks.runtimes._base import Session
 from tasks.specs import PAST
 
+# bench.parity_atol when null: the max abs logits difference allowed, by model dtype. The
+# reference is the transformers model in the same dtype; half precision differs by op
+# order and accumulation (measured on the tiny models, prefill and decode, all four
+# backends: float16 up to 5.3e-3, bfloat16 up to 4.3e-2).
+ATOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 1e-1}
+
+
+def tolerance(dtype: str, atol: float | None) -> float:
+    return ATOL[dtype] if atol is None else atol
+
 
 def compare(actual: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
     """(max abs diff, top-1 agreement) of logits [B, 1, V]."""
@@ -48,5 +58,6 @@ def summary(diffs_top1: list[tuple[float, float]], atol: float) -> dict[str, Any
         "top1_agreement": min(t for _, t in diffs_top1),
         "per_step_max_abs_diff": diffs,
         "atol": atol,
-        "passed": bool(max_diff <= atol),
+        # top-1 must agree too: a tolerance wide enough for half precision could hide a wrong argmax
+        "passed": bool(max_diff <= atol and min(t for _, t in diffs_top1) == 1.0),
     }

@@ -94,7 +94,7 @@ class BenchOptions:
     target_ci: float = 0.02  # stop once the median's 95% CI half-width is within this share of it
     threads: int | None = None  # None: every core the worker was given
     unstable_iqr: float = 0.10  # IQR / median above which a variant is flagged unstable
-    parity_atol: float = 1e-4
+    parity_atol: float | None = None  # None: by model dtype (tasks/parity.py ATOL)
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,29 @@
-"""Shared fixtures: tiny model specs straight from conf/, and exports made once per session."""
+"""Shared test settings and fixtures, each defined once here and imported by the test files:
+
+- tiny model specs straight from conf/ (`model_spec`), the small test phases (PREFILL, DECODE);
+- FAST_BENCH / FAST_OVERRIDES: the one shrunk measurement (as BenchOptions and as Hydra
+  overrides) every test that benchmarks uses;
+- `compose_jobs` / `plan_jobs`: conf/sweep.yaml composed once per job, shrunk (fast bench,
+  small shapes), validated and planned exactly as a sweep plans it;
+- one export cache for the whole test session (`export_cache`): `exported(...)` and
+  `planned_variant(...)` fill it through the planner, so a sweep given `cluster.export_cache=`
+  that folder (`cache_override`) finds the same entries, and each export is made once.
+- `mlflow_db(folder)`: an MLflow sqlite store whose tables are already created (MLflow's
+  migrations take seconds; they run once a session).
+"""
 
 from __future__ import annotations
 
+import copy
+import shutil
+from dataclasses import asdict
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tasks.specs import ModelSpec, PhaseSpec
+from tasks.specs import BenchOptions, ModelSpec, PhaseSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -25,26 +41,111 @@ PREFILL = PhaseSpec("prefill", batch=2, prompt_len=16)
 DECODE = PhaseSpec("decode", batch=2, context_len=24, parity_steps=8)
 PHASES = {"prefill": PREFILL, "decode": DECODE}
 
+# The one shrunk measurement: parity and the statistics' presence are what tests check, so
+# the loop stops as soon as it may (a handful of calls, well under a second).
+FAST_BENCH = BenchOptions(
+    warmup_iters=2,
+    warmup_max_seconds=1.0,
+    min_iters=5,
+    min_seconds=0.05,
+    max_seconds=1.0,
+    target_ci=10.0,
+    threads=1,
+)
+
+
+def _override(value) -> str:
+    return "null" if value is None else str(value)
+
+
+# FAST_BENCH as Hydra overrides, every field: a composed config's bench is FAST_BENCH exactly
+FAST_OVERRIDES = [f"bench.{k}={_override(v)}" for k, v in asdict(FAST_BENCH).items()]
+# PREFILL and DECODE as Hydra overrides: a sweep given these plans the same phases
+SHAPE_OVERRIDES = [
+    f"phase.batch={PREFILL.batch}",
+    f"phase.prompt_len={PREFILL.prompt_len}",
+    f"phase.context_len={DECODE.context_len}",
+]  # DECODE.parity_steps is conf/phase/decode.yaml's
+SHRINK = [*FAST_OVERRIDES, *SHAPE_OVERRIDES]
+BACKEND_OF_FORMAT = {"onnx": "onnxruntime", "executorch": "executorch", "none": "eager"}
+
+
+def capacity(cpus: int = 2, gpus: int = 0, memory_gib: int = 8):
+    """A one-node cluster as the planner sees it (orchestrator.placement.Capacity)."""
+    from orchestrator.placement import Capacity
+
+    return Capacity(cpus=cpus, total_cpus=cpus, bench_slots=1, gpus=gpus, memory=memory_gib * 2**30)
+
+
+@lru_cache(maxsize=256)
+def _composed(overrides: tuple[str, ...]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("sweep", overrides=list(overrides))
+
+
+def compose_jobs(*jobs: list[str] | tuple[str, ...], shrink: bool = True):
+    """(configs, overrides) of a sweep of `jobs` (each a list of overrides), as the launcher
+    hands them to orchestrator.run.run_sweep: conf/sweep.yaml composed once per distinct job
+    a session (each caller gets its own copy), shrunk by SHRINK unless shrink=False."""
+    overrides = [[*(SHRINK if shrink else ()), *job] for job in jobs]
+    return [copy.deepcopy(_composed(tuple(o))) for o in overrides], overrides
+
+
+def plan_jobs(*jobs: list[str] | tuple[str, ...], shrink: bool = True, cap=None):
+    """compose_jobs -> validate_all -> make_plan: the Plan a sweep of `jobs` makes on `cap`."""
+    from orchestrator.config import validate_all
+    from orchestrator.plan import make_plan
+
+    configs, overrides = compose_jobs(*jobs, shrink=shrink)
+    return make_plan(validate_all(configs, overrides), configs, overrides, cap or capacity())
+
 
 @pytest.fixture(scope="session")
-def exported(tmp_path_factory):
-    """`exported(model, phase, fmt, kv_cache="static")` -> ExportResult, each made once a session."""
-    from tasks.jobs import export_job
-    from tasks.specs import ExportSpec
+def export_cache(tmp_path_factory) -> Path:
+    """The test session's one export cache: tests and sweeps alike fill and reuse it."""
+    return tmp_path_factory.mktemp("export_cache")
 
-    root = tmp_path_factory.mktemp("exports")
+
+@pytest.fixture(scope="session")
+def cache_override(export_cache) -> str:
+    return f"cluster.export_cache={export_cache}"
+
+
+@pytest.fixture(scope="session")
+def planned_variant(cache_override):
+    """`planned_variant(*overrides)` -> (ExportResult, BenchSpec): one shrunk grid point,
+    planned as a sweep plans it, its export made in the session's export cache (once a
+    session: a sweep with `cache_override` and the same overrides finds it there)."""
+    from tasks.jobs import export_job
+
     made = {}
 
-    def get(model: str, phase: str, fmt: str, kv_cache: str = "static"):
-        key = (model, phase, fmt, kv_cache)
-        if key not in made:
-            spec = ExportSpec(
-                "-".join(key), model_spec(model, kv_cache=kv_cache), PHASES[phase], fmt, str(root / "_".join(key))
-            )
-            result = export_job(spec)
+    def get(*overrides: str):
+        plan = plan_jobs([*overrides, cache_override])
+        assert not plan.skipped, plan.skipped
+        (pv,) = plan.variants
+        job = plan.exports[pv.export_key]
+        if pv.export_key not in made:
+            result = export_job(job.spec)
             assert result.ok, result.failure and result.failure.traceback
-            made[key] = result
-        return made[key]
+            made[pv.export_key] = result
+        return made[pv.export_key], pv.bench
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def exported(planned_variant):
+    """`exported(model, phase, fmt, kv_cache="static", **export_options)` -> ExportResult of
+    the tiny model at PREFILL/DECODE's shapes, made once a session in the shared cache."""
+
+    def get(model: str, phase: str, fmt: str, kv_cache: str = "static", **export_options):
+        overrides = [f"model={model}", f"phase={phase}", f"backend={BACKEND_OF_FORMAT[fmt]}"]
+        overrides.append(f"model.kv_cache={kv_cache}")
+        overrides += [f"backend.export_options.{k}={_override(v)}" for k, v in export_options.items()]
+        return planned_variant(*overrides)[0]
 
     return get
 
@@ -53,3 +154,20 @@ def exported(tmp_path_factory):
 def onnx_exports(exported):
     """ONNX exports of both tiny models, both phases: {(model, phase): ExportResult}."""
     return {(m, p): exported(m, p, "onnx") for m in ("llama", "phi3") for p in ("prefill", "decode")}
+
+
+@pytest.fixture(scope="session")
+def mlflow_db(tmp_path_factory):
+    """`mlflow_db(folder)` -> the sqlite URI of `folder`/mlflow.db, a copy of a store whose
+    tables MLflow created once this session (what a sweep run in `folder` uses by default)."""
+    template = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()  # creates the tables
+
+    def copy_to(folder: Path) -> str:
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(template, folder / "mlflow.db")
+        return f"sqlite:///{folder / 'mlflow.db'}"
+
+    return copy_to

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
 import sys
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from omegaconf import open_dict
 
 from orchestrator.config import ConfigError, validate
+from tasks.export import format_module
+from tasks.runtimes import runtime_module
 from tests.conftest import CONF, ROOT
 
 GROUPS = ["model", "phase", "backend", "device", "bench", "tracking", "cluster"]
@@ -99,17 +104,124 @@ def test_bad_override_on_command_line_fails_before_any_work(tmp_path):
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def test_driver_imports_no_torch():
-    code = (
-        "import sys, orchestrator.run, orchestrator.launcher, hydra_plugins.phasesweep_launcher.ray_launcher;"
-        "heavy = [m for m in ('torch', 'transformers', 'onnxruntime', 'executorch', 'ray', 'mlflow') if m in sys.modules];"
-        "assert not heavy, heavy"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
-
-
 def test_help_lists_every_group():
     proc = subprocess.run([sys.executable, "sweep.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
     for group in GROUPS:
         assert f"{group}:" in proc.stdout
+
+
+# -- typed backend options: each module's Options is the schema ---------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (
+            ["backend=compile", "+backend.options.cold_cahce=false"],
+            "backend.options.cold_cahce is not a known key; allowed keys: mode, dynamic, cold_cache",
+        ),
+        (
+            ["backend=compile", "backend.options.mode=fastest"],
+            "backend.options.mode='fastest' is not allowed; choose one of: None, default, reduce-overhead, "
+            "max-autotune, max-autotune-no-cudagraphs",
+        ),
+        (["backend=compile", "backend.options.dynamic=maybe"], "backend.options.dynamic='maybe': "),
+        (
+            ["backend=executorch", "backend.export_options.delegate=vulkan"],
+            "backend.export_options.delegate='vulkan' is not allowed; choose one of: xnnpack, none",
+        ),
+        (["backend.export_options.opset=7"], "backend.export_options.opset=7 must be >= 18"),
+        (["backend.export_options.opset=latest"], "backend.export_options.opset='latest': "),
+        (
+            ["backend.options.graph_optimization_level=max"],
+            "backend.options.graph_optimization_level='max' is not allowed; choose one of: disable, basic, extended, all",
+        ),
+        (
+            ["backend=eager", "+backend.options.threads=4"],
+            "backend.options.threads is not a known key; allowed keys: (none)",
+        ),
+        (
+            ["backend.runtime=nope"],
+            "backend.runtime='nope' is not allowed; choose one of: compile, eager, executorch, onnxruntime",
+        ),
+        (
+            ["backend.export_format=tflite"],
+            "backend.export_format='tflite' is not allowed; choose one of: executorch, none, onnx",
+        ),
+        (["backend.runtime=json"], "backend.runtime='json': module json lacks LIBRARIES, MEMORY_FACTOR, Options"),
+    ],
+)
+def test_typed_backend_options_are_checked(hydra_compose, overrides, expected):
+    cfg = hydra_compose(*overrides)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert expected in str(err.value)
+
+
+def test_backend_options_are_completed_with_their_defaults(hydra_compose):
+    point = validate(hydra_compose("backend=compile", "backend.options.mode=max-autotune"))
+    assert point.backend.options == {"mode": "max-autotune", "dynamic": None, "cold_cache": True}
+    assert point.backend.runtime == "compile" and point.backend.export_options == {}
+    point = validate(hydra_compose("backend.export_options.opset=20"))
+    assert point.backend.export_options == {"opset": 20, "optimize": True}
+
+
+def test_runtime_defaults_to_the_backend_name(hydra_compose):
+    cfg = hydra_compose("backend=eager")
+    with open_dict(cfg):
+        del cfg.backend["runtime"]
+    assert validate(cfg).backend.runtime == "eager"
+
+
+@pytest.mark.parametrize("option", options("backend"))
+def test_backend_yaml_lists_exactly_its_modules_options_with_their_defaults(option):
+    """One home for defaults: each yaml's `options` and `export_options` are the fields of
+    its runtime's and its format's Options, with the same default values."""
+    y = yaml.safe_load((CONF / "backend" / f"{option}.yaml").read_text())
+    for section, module in (
+        ("options", runtime_module(y.get("runtime") or y["name"])),
+        ("export_options", format_module(y["export_format"])),
+    ):
+        schema = {f.name: f.default for f in dataclasses.fields(module.Options)}
+        assert all(f.default is not dataclasses.MISSING for f in dataclasses.fields(module.Options)), module.__name__
+        assert (y.get(section) or {}) == schema, f"conf/backend/{option}.yaml `{section}` vs {module.__name__}.Options"
+        assert list(y.get(section) or {}) == list(schema)  # in the same order, as they read side by side
+
+
+# -- the phase against the model, before any run -------------------------------------------
+
+
+def test_a_phase_longer_than_the_model_is_refused_by_validate(hydra_compose):
+    with pytest.raises(ConfigError, match="phase.prompt_len=100000 exceeds the model's max_position_embeddings=4096"):
+        validate(hydra_compose("phase.prompt_len=100000"))
+    with pytest.raises(ConfigError, match="max_position_embeddings=4096"):
+        validate(hydra_compose("phase=decode", "phase.context_len=5000"))
+
+
+def test_parity_steps_beyond_the_headroom_name_cache_len(hydra_compose):
+    with pytest.raises(ConfigError, match=r"phase.cache_len=136 \(the default: context_len \+ 8\) cannot hold"):
+        validate(hydra_compose("phase=decode", "phase.parity_steps=20"))
+    point = validate(hydra_compose("phase=decode", "phase.parity_steps=20", "phase.cache_len=160"))
+    assert point.phase.cache_len == 160
+
+
+def test_checkpoint_without_config_json_names_model_checkpoint(hydra_compose, tmp_path):
+    with pytest.raises(ConfigError) as err:
+        validate(hydra_compose(f"model.checkpoint={tmp_path}"))
+    text = str(err.value)
+    assert text.startswith(f"model.checkpoint='{tmp_path}'") and "config.json" in text
+
+
+def test_checkpoint_config_is_checked_against_the_phase(hydra_compose, tmp_path):
+    """A checkpoint's own config.json sizes the phase check (and missing keys fall back to
+    the family's transformers defaults)."""
+    arch = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 512}
+    (tmp_path / "config.json").write_text(json.dumps({**arch, "max_position_embeddings": 256}))
+    point = validate(hydra_compose(f"model.checkpoint={tmp_path}", "phase.prompt_len=256"))
+    assert point.arch["max_position_embeddings"] == 256
+    with pytest.raises(ConfigError, match="phase.prompt_len=257 exceeds the model's max_position_embeddings=256"):
+        validate(hydra_compose(f"model.checkpoint={tmp_path}", "phase.prompt_len=257"))
+    (tmp_path / "config.json").write_text(json.dumps(arch))  # LlamaConfig's default: 2048 positions
+    with pytest.raises(ConfigError, match="max_position_embeddings=2048"):
+        validate(hydra_compose(f"model.checkpoint={tmp_path}", "phase.prompt_len=4000"))

@@ -1,40 +1,58 @@
-"""ONNX export of both phases on both models: named I/O, parity one step and many."""
+"""ONNX export of both phases on both models: named I/O, parity one step and many.
+
+Every export comes from the session's shared cache (conftest `planned_variant`), planned
+as a sweep plans it; the graph maths is checked on a loaded session, without jobs."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from dataclasses import replace
 
 import numpy as np
 import onnx
 import pytest
 
 from tasks.jobs import bench_job, load_export
-from tasks.parity import check
+from tasks.parity import host_steps
+from tasks.phases import phase_module
 from tasks.runtimes import onnxruntime as ort_runtime
-from tasks.specs import BenchOptions, BenchSpec
-from tests.conftest import DECODE, PREFILL, model_spec
+from tests.conftest import DECODE, FAST_BENCH, PREFILL, model_spec, plan_jobs
 
 pytestmark = pytest.mark.slow
 CASES = [(m, p) for m in ("llama", "phi3") for p in ("prefill", "decode")]
-FAST = BenchOptions(warmup_iters=2, warmup_max_seconds=1, min_iters=5, min_seconds=0.05, threads=1)
 
 
-def _load(result):
-    return load_export(result.out_dir)
+@pytest.fixture(scope="module")
+def onnx_variant(planned_variant):
+    """`onnx_variant(model, phase, runtime="onnxruntime", **bench)` -> (ExportResult, BenchSpec):
+    the planned onnxruntime variant, run by `runtime` on the same export entry."""
+
+    def get(model, phase, runtime="onnxruntime", **bench):
+        export, spec = planned_variant(f"model={model}", f"phase={phase}", "backend=onnxruntime")
+        if runtime != spec.runtime:  # eager on the ONNX export's inputs and reference
+            spec = replace(spec, runtime=runtime, runtime_options={})
+        return export, replace(spec, bench=replace(spec.bench, **bench))
+
+    return get
 
 
-def _spec(model, phase, result, tmp_path, backend="onnxruntime", bench=FAST):
-    return BenchSpec(
-        f"{model}_{phase}",
-        backend,
-        "cpu",
-        model_spec(model),
-        PREFILL if phase == "prefill" else DECODE,
-        result.out_dir,
-        str(tmp_path),
-        bench,
+def session_of(onnx_variant, model, phase):
+    export, spec = onnx_variant(model, phase)
+    meta, feeds, parity = load_export(export.out_dir)
+    return ort_runtime.load(spec, meta, feeds), feeds, parity
+
+
+def test_planned_specs_are_the_shared_test_settings(onnx_variant):
+    """The sweeps of test_end_to_end.py plan exactly these: the same shapes, the same bench."""
+    _, spec = onnx_variant("llama", "decode")
+    assert spec.bench == FAST_BENCH
+    assert (spec.phase.batch, spec.phase.context_len, spec.phase.parity_steps) == (
+        DECODE.batch,
+        DECODE.context_len,
+        DECODE.parity_steps,
     )
+    _, spec = onnx_variant("phi3", "prefill")
+    assert (spec.phase.batch, spec.phase.prompt_len) == (PREFILL.batch, PREFILL.prompt_len)
+    assert spec.model == model_spec("phi3")
 
 
 @pytest.mark.parametrize("model,phase", CASES)
@@ -58,42 +76,40 @@ def test_onnx_graph_has_named_inputs_and_outputs(onnx_exports, model, phase):
 
 
 @pytest.mark.parametrize("model,phase", CASES)
-@pytest.mark.parametrize("backend", ["onnxruntime", "eager"])
-def test_parity_and_benchmark(onnx_exports, tmp_path, model, phase, backend):
-    result = bench_job(_spec(model, phase, onnx_exports[(model, phase)], tmp_path, backend))
+@pytest.mark.parametrize("runtime", ["onnxruntime", "eager"])
+def test_parity_and_benchmark(onnx_variant, model, phase, runtime):
+    _, spec = onnx_variant(model, phase, runtime)
+    result = bench_job(spec)
     assert result.ok, result.failure
     assert result.parity["passed"] and result.parity["max_abs_diff"] < 1e-4
     assert result.parity["top1_agreement"] == 1.0
-    assert result.parity["steps"] == (1 if phase == "prefill" else 8)
+    assert result.parity["steps"] == (1 if phase == "prefill" else DECODE.parity_steps)
     m = result.metrics
     assert m["iterations"] >= 5 and m["latency_ms_min"] <= m["latency_ms_median"] <= m["latency_ms_p99"]
-    tokens = 2 * (16 if phase == "prefill" else 1)
+    tokens = PREFILL.batch * (PREFILL.prompt_len if phase == "prefill" else 1)
     assert m["tokens_per_s"] == pytest.approx(tokens / (m["latency_ms_median"] / 1e3))
-    samples = json.loads(Path(result.files["latency_samples.json"]).read_text())
-    assert len(samples["samples"]) == m["iterations"] and samples["unit"] == "ns"
+    assert len(result.samples_ns) == m["iterations"] and all(s > 0 for s in result.samples_ns)
+    assert result.first_call_ns == int(m["first_call_ms"] * 1e6) > 0
 
 
-def test_decode_step_updates_only_its_slot(onnx_exports, tmp_path):
+def test_decode_step_updates_only_its_slot(onnx_variant):
     """The exported static cache writes the new key at cache_position and nowhere else."""
-    meta, feeds, _ = _load(onnx_exports[("llama", "decode")])
-    session = ort_runtime.load(_spec("llama", "decode", onnx_exports[("llama", "decode")], tmp_path), meta, feeds)
+    session, feeds, _ = session_of(onnx_variant, "llama", "decode")
     _, k0, *_ = session.run(feeds)
     past = feeds["past_key_values.0.key"]
-    np.testing.assert_array_equal(k0[:, :, :24], past[:, :, :24])
-    assert np.abs(k0[:, :, 24]).sum() > 0 and not k0[:, :, 25:].any()
+    ctx = DECODE.context_len
+    np.testing.assert_array_equal(k0[:, :, :ctx], past[:, :, :ctx])
+    assert np.abs(k0[:, :, ctx]).sum() > 0 and not k0[:, :, ctx + 1 :].any()
 
 
-def test_device_side_decode_loop_matches_the_host_loop(onnx_exports, tmp_path):
+def test_device_side_decode_loop_matches_the_host_loop(onnx_variant):
     """ORT's multi-step decode keeps the cache as OrtValues between steps; same logits as
     the plain loop that copies every present cache back through numpy."""
-    from tasks.parity import host_steps
-
-    meta, feeds, parity = _load(onnx_exports[("phi3", "decode")])
-    session = ort_runtime.load(_spec("phi3", "decode", onnx_exports[("phi3", "decode")], tmp_path), meta, feeds)
+    session, feeds, parity = session_of(onnx_variant, "phi3", "decode")
     tokens = parity["step_tokens"]
-    on_device = session.run_steps(feeds, tokens, 24)
-    on_host = host_steps(session, feeds, tokens, 24)
-    assert len(on_device) == len(on_host) == 8
+    on_device = session.run_steps(feeds, tokens, DECODE.context_len)
+    on_host = host_steps(session, feeds, tokens, DECODE.context_len)
+    assert len(on_device) == len(on_host) == DECODE.parity_steps
     for a, b in zip(on_device, on_host, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
@@ -110,29 +126,29 @@ class DropsCache:
         return self.inner.run(feeds)
 
 
-def test_multi_step_parity_catches_a_dropped_cache(onnx_exports, tmp_path):
-    meta, feeds, parity = _load(onnx_exports[("llama", "decode")])
-    session = ort_runtime.load(_spec("llama", "decode", onnx_exports[("llama", "decode")], tmp_path), meta, feeds)
+def test_multi_step_parity_catches_a_dropped_cache(onnx_variant):
+    session, feeds, parity = session_of(onnx_variant, "llama", "decode")
     past = {n: a for n, a in feeds.items() if n.startswith("past_")}
-    report = check(DropsCache(session, past), feeds, parity, atol=1e-4)
+    report = phase_module("decode").check_parity(DropsCache(session, past), feeds, parity, atol=1e-4)
     assert report["per_step_max_abs_diff"][0] < 1e-4  # the first step looks fine ...
     assert not report["passed"] and report["max_abs_diff"] > 1e-3  # ... the following ones do not
 
 
-def test_parity_failure_is_a_failed_result_not_an_exception(onnx_exports, tmp_path):
-    strict = BenchOptions(**{**FAST.__dict__, "parity_atol": 0.0})
-    result = bench_job(_spec("phi3", "decode", onnx_exports[("phi3", "decode")], tmp_path, bench=strict))
+def test_parity_failure_is_a_failed_result_not_an_exception(onnx_variant):
+    _, spec = onnx_variant("phi3", "decode", parity_atol=0.0)
+    result = bench_job(spec)
     assert not result.ok and result.failure.stage == "parity"
     assert "atol 0" in result.failure.error and "latency_ms_median" not in result.metrics
+    assert result.samples_ns == [] and not result.parity["passed"]
 
 
-def test_export_cache_hit_reuses_the_entry(onnx_exports):
+def test_export_cache_hit_reuses_the_entry(onnx_exports, cache_override):
     from tasks.jobs import export_job
-    from tasks.specs import ExportSpec
 
     first = onnx_exports[("llama", "prefill")]
-    again = export_job(ExportSpec(first.key, model_spec("llama"), PREFILL, "onnx", first.out_dir))
-    assert again.ok and again.cache_hit and again.artifact == first.artifact
+    (job,) = plan_jobs(["model=llama", "phase=prefill", cache_override]).exports.values()
+    again = export_job(job.spec)
+    assert again.ok and again.cache_hit and again.artifact == first.artifact and again.out_dir == first.out_dir
 
 
 def test_export_failure_is_recorded_with_traceback(tmp_path):

@@ -1,16 +1,25 @@
-"""Planning: readable names, deduplicated exports, skipped variants with reasons."""
+"""Planning, without Ray: readable names, deduplicated exports, skipped variants with
+reasons, every job's spec and resources resolved against a given capacity, and a plan
+that nothing can change once made."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from omegaconf import open_dict
 
-from orchestrator.config import ConfigError
+from orchestrator.config import ConfigError, validate_all
+from orchestrator.placement import Capacity
 from orchestrator.plan import make_plan
+from tasks.phases import decode
 from tests.conftest import CONF
+
+GiB = 2**30
+CAPACITY = Capacity(cpus=2, total_cpus=2, bench_slots=1, gpus=0, memory=8 * GiB)
 
 
 def grid(**axes: str):
@@ -27,8 +36,12 @@ def grid(**axes: str):
     return configs, jobs
 
 
-def plan_of(**axes: str):
-    return make_plan(*grid(**axes))
+def plan_grid(configs, jobs, capacity: Capacity = CAPACITY):
+    return make_plan(validate_all(configs, jobs), configs, jobs, capacity)
+
+
+def plan_of(capacity: Capacity = CAPACITY, **axes: str):
+    return plan_grid(*grid(**axes), capacity=capacity)
 
 
 def names(plan):
@@ -55,7 +68,16 @@ def test_swept_context_lengths_get_their_own_names_and_prefill_is_planned_once()
         "llama_decode_onnxruntime_cpu_ctx2048",
     ]
     prefill = plan.variants[0]
-    assert prefill.jobs == [0, 1, 2]  # the three prefill jobs are one and the same variant
+    assert prefill.jobs == (0, 1, 2)  # the three prefill jobs are one and the same variant
+    assert [pv.jobs for pv in plan.variants[1:]] == [(3,), (4,), (5,)]
+
+
+def test_parity_steps_swept_over_decode_share_one_timed_shape():
+    """Parity steps change what is checked, not what is timed: the static cache stays
+    context_len + HEADROOM, so the variants differ in name and export but not in shape."""
+    plan = plan_of(phase="decode", **{"phase.parity_steps": "2,8"})
+    assert names(plan) == ["llama_decode_onnxruntime_cpu_parity_steps2", "llama_decode_onnxruntime_cpu_parity_steps8"]
+    assert {pv.bench.phase.cache_len for pv in plan.variants} == {128 + decode.HEADROOM}
 
 
 def test_backends_with_one_export_format_share_nothing_but_equal_work_shares_an_export():
@@ -78,32 +100,69 @@ def test_export_key_changes_with_shapes_and_format_not_with_bench_options():
     )
     assert a.export_key != b.export_key and a.export_key != c.export_key
     assert a.variant.bench_key != b.variant.bench_key
+    d, e = plan_of(phase="decode", **{"bench.min_iters": "20,50"}).variants
+    assert d.export_key == e.export_key == a.export_key and d.variant.bench_key != e.variant.bench_key
+
+
+def test_runtime_options_change_the_bench_key_not_the_export():
+    a, b = plan_of(**{"backend.options.graph_optimization_level": "all,basic"}).variants
+    assert a.export_key == b.export_key and a.variant.bench_key != b.variant.bench_key
+    assert (a.bench.runtime_options, b.bench.runtime_options) == (
+        {"graph_optimization_level": "all"},
+        {"graph_optimization_level": "basic"},
+    )
+    c, d = plan_of(**{"backend.export_options.optimize": "true,false"}).variants
+    assert c.export_key != d.export_key
 
 
 def test_unsupported_device_is_skipped_with_a_reason():
-    configs, jobs = grid(device="cpu,cuda", **{"backend.devices": "[cpu]"})
-    plan = make_plan(configs, jobs)
+    plan = plan_of(device="cpu,cuda", **{"backend.devices": "[cpu]"})
     assert names(plan) == ["llama_prefill_onnxruntime_cpu"]
     assert [(s.name, s.reason) for s in plan.skipped] == [
         ("llama_prefill_onnxruntime_cuda", "backend onnxruntime does not run on device=cuda (backend.devices: cpu)")
     ]
+    assert plan.skipped[0].job == 1 and plan.skipped[0].key == "llama_prefill_onnxruntime_cuda (job #1)"
 
 
-def test_every_invalid_job_is_reported_at_once():
+def test_every_invalid_job_is_reported_at_once_each_message_once():
     configs, jobs = grid(**{"phase.batch": "0,1,-3"})
     with pytest.raises(ConfigError) as err:
-        make_plan(configs, jobs)
+        validate_all(configs, jobs)
     text = str(err.value)
-    assert "job #0 (phase.batch=0): phase.batch=0 must be >= 1" in text
-    assert "job #2 (phase.batch=-3): phase.batch=-3 must be >= 1" in text
-    assert "job #1" not in text
+    assert text.count("phase.batch=0 must be >= 1") == 1 and text.count("phase.batch=-3 must be >= 1") == 1
+    assert "phase.batch=0 must be >= 1  [1 of 3 jobs: #0 (phase.batch=0)]" in text
+    assert "phase.batch=-3 must be >= 1  [1 of 3 jobs: #2 (phase.batch=-3)]" in text
+    assert "#1" not in text
+
+
+def test_one_bad_value_over_a_large_grid_is_one_line():
+    """50 jobs sharing one bad value: the message once, with how many jobs it affects."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        base = compose("sweep", overrides=["model.kv_cache=paged"])  # compose once, vary the copies
+    GlobalHydra.instance().clear()
+    configs, jobs = [], []
+    for batch in range(1, 51):
+        cfg = base.copy()
+        with open_dict(cfg):
+            cfg.phase.batch = batch
+        configs.append(cfg)
+        jobs.append(["model.kv_cache=paged", f"phase.batch={batch}"])
+    with pytest.raises(ConfigError) as err:
+        validate_all(configs, jobs)
+    text = str(err.value)
+    assert text.count("model.kv_cache='paged' is not allowed; choose one of: static, dynamic") == 1
+    assert "[50 of 50 jobs: #0 (model.kv_cache=paged phase.batch=1)" in text and "and 47 more]" in text
+    assert len(text.splitlines()) == 2  # "invalid config:" and the one message
 
 
 def test_params_are_the_flattened_variant_config():
     params = plan_of(phase="decode").variants[0].variant.params
     assert params["model.kv_cache"] == "static" and params["phase.context_len"] == 128
-    assert params["phase.cache_len"] == 136  # resolved: context + parity steps
+    assert params["phase.cache_len"] == 128 + decode.HEADROOM  # resolved: context + headroom
     assert params["model.arch.num_key_value_heads"] == 2 and params["backend.export_format"] == "onnx"
+    assert params["backend.runtime"] == "onnxruntime" and params["backend.options.graph_optimization_level"] == "all"
+    assert params["bench.threads"] == 2  # resolved against the capacity
 
 
 def test_executorch_on_cuda_is_skipped_not_crashed():
@@ -132,11 +191,109 @@ def test_swapped_modules_are_named_and_exported_separately():
 def test_eager_and_compile_share_one_reference_export():
     plan = plan_of(backend="eager,compile")
     assert len(plan.variants) == 2 and len(plan.exports) == 1
+    (job,) = plan.exports.values()
+    assert job.variants == ("llama_prefill_eager_cpu", "llama_prefill_compile_cpu")
+    assert job.spec.export_format == "none" and job.spec.options == {}
+    assert [pv.bench.runtime for pv in plan.variants] == ["eager", "compile"]
 
 
 def test_sweep_wide_groups_cannot_vary_within_one_sweep():
     with pytest.raises(ConfigError, match=r"tracking.\* must be the same for every job of a sweep"):
         plan_of(**{"tracking.experiment": "a,b"})
+
+
+# -- the plan is final when made ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def big_plan():
+    return plan_of(
+        model="llama,phi3", phase="prefill,decode", backend="eager,compile,onnxruntime,executorch", device="cpu,cuda"
+    )
+
+
+def test_plan_is_frozen(big_plan):
+    pv = big_plan.variants[0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pv.name = "renamed"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pv.bench = None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pv.bench.variant = "renamed"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pv.variant.bench.threads = 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        next(iter(big_plan.exports.values())).variants = ()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        big_plan.skipped[0].reason = "changed"
+    assert isinstance(big_plan.variants, tuple) and isinstance(big_plan.skipped, tuple)
+
+
+def test_every_bench_spec_is_resolved(big_plan):
+    """Threads, runtime, options and the export entry are in the spec when planned."""
+    assert len(big_plan.variants) == 28 and len(big_plan.skipped) == 4 and len(big_plan.exports) == 12
+    for pv in big_plan.variants:
+        b = pv.bench
+        assert b.variant == pv.name and b.device == pv.variant.device.name
+        assert b.runtime == pv.variant.backend.runtime == pv.variant.backend.name
+        assert b.runtime_options == pv.variant.backend.options
+        assert b.phase == pv.variant.phase and b.model == pv.variant.model
+        assert b.export_dir == big_plan.exports[pv.export_key].spec.out_dir
+        if b.device == "cpu":  # bench.threads: null in the config -> every core of a bench node
+            assert b.bench.threads == pv.variant.bench.threads == 2
+            assert pv.request.pool == "bench_cpu" and pv.request.options["num_cpus"] == 2
+        else:
+            assert b.bench.threads == 1 and pv.request.pool == "gpu"
+
+
+def test_lookup_by_name_and_export_users(big_plan):
+    for pv in big_plan.variants:
+        assert big_plan.variant(pv.name) is pv
+    with pytest.raises(KeyError):
+        big_plan.variant("nope")
+    served = [name for job in big_plan.exports.values() for name in job.variants]
+    assert sorted(served) == sorted(names(big_plan))  # every variant served by exactly one export
+    for key, job in big_plan.exports.items():
+        assert job.spec.key == key
+        assert all(big_plan.variant(name).export_key == key for name in job.variants)
+        users = big_plan.variant(job.variants[0]).variant
+        assert job.spec.export_format == users.backend.export_format
+        assert job.request.pool == "cpu" and job.request.options["num_cpus"] == 1
+    compile_ = big_plan.exports[big_plan.variant("phi3_decode_compile_cpu").export_key]
+    assert compile_.variants == (
+        "phi3_decode_eager_cpu",
+        "phi3_decode_eager_cuda",
+        "phi3_decode_compile_cpu",
+        "phi3_decode_compile_cuda",
+    )
+
+
+def test_cuda_without_a_gpu_is_unplaceable(big_plan):
+    for pv in big_plan.variants:
+        if pv.variant.device.name == "cuda":
+            assert "no node of this Ray cluster has one" in pv.unplaceable
+        else:
+            assert pv.unplaceable is None and pv.warning is None
+    with_gpu = plan_of(Capacity(cpus=2, total_cpus=2, bench_slots=1, gpus=1, memory=8 * GiB), device="cuda")
+    (pv,) = with_gpu.variants
+    assert pv.unplaceable is None and pv.request.pool == "gpu" and pv.request.options["num_gpus"] == 1
+
+
+def test_weights_larger_than_any_node_are_unplaceable():
+    plan = plan_of(model="phi3", **{"model.size": "mini"})  # 3.8 B parameters in fp32: 14 GiB > 8 GiB
+    (pv,) = plan.variants
+    assert "GiB of weights exceed the 8.0 GiB of memory the largest node offers Ray" in pv.unplaceable
+    assert "may not fit" in pv.warning
+    assert pv.request.options["memory"] == 8 * GiB  # capped at a node: it then runs alone there
+    small = plan_of(model="llama", **{"model.size": "1b"}).variants[0]  # 4.6 GiB: fits
+    assert small.unplaceable is None
+
+
+def test_more_threads_than_a_bench_node_has_is_refused_when_planning():
+    with pytest.raises(ConfigError, match="bench.threads=8 exceeds the 2 CPUs of the smallest benchmark node"):
+        plan_of(**{"bench.threads": "8"})
+    (pv,) = plan_of(**{"bench.threads": "1"}).variants
+    assert pv.bench.bench.threads == 1 and pv.request.options["num_cpus"] == 1
 
 
 @pytest.mark.parametrize(

@@ -8,18 +8,22 @@ import numpy as np
 import pytest
 
 from orchestrator.compare import compare_rows, compare_sweeps
-from orchestrator.report import Outcome, shapes_text, status_text, summary_rows, table
+from orchestrator.outcome import Outcome, Status
+from orchestrator.report import plan_text, shapes_text, status_text, summary_rows, table
 from tasks.environment import fingerprint, peak_bandwidth_gbs
-from tasks.jobs import _decode_bandwidth
-from tasks.specs import BenchSpec, PhaseSpec
-from tests.conftest import model_spec
+from tasks.phases import decode, phase_module
 
 
 def test_fingerprint_names_the_machine_and_libraries():
-    env = fingerprint("cpu")
+    env = fingerprint("cpu", ("onnx", "onnxruntime"))
     assert env["cpu_count"] == str(os.cpu_count()) and env["cpu_model"]
-    assert env["version.torch"].startswith("2.") and "version.onnxruntime" in env
+    assert env["version.onnxruntime"] and env["version.onnx"]
+    assert env["version.numpy"]  # always recorded, whatever the backend
+    assert "version.torch" not in env  # ONNX Runtime's measurement does not depend on torch
     assert "gpu_name" not in env
+    assert fingerprint("cpu", ("torch", "transformers"))["version.torch"].startswith("2.")
+    assert "version.onnxruntime" not in fingerprint("cpu", ("executorch",))  # only the libraries asked for
+    assert "version.no-such-dist" not in fingerprint("cpu", ("no-such-dist",))
 
 
 def test_peak_bandwidth_lookup_prefers_the_specific_name():
@@ -32,23 +36,27 @@ def test_peak_bandwidth_lookup_prefers_the_specific_name():
 def test_decode_bandwidth_counts_weights_and_cache():
     feeds = {
         "input_ids": np.zeros((1, 1), np.int64),
+        "cache_position": np.zeros((1,), np.int64),
         "past_key_values.0.key": np.zeros((1, 2, 100, 16), np.float32),
         "past_key_values.0.value": np.zeros((1, 2, 100, 16), np.float32),
     }
-    meta = {"details": {"parameters": 1_000_000}}
-    spec = BenchSpec("v", "onnxruntime", "cuda", model_spec("llama"), PhaseSpec("decode", 1, context_len=92), "", "")
-    out = _decode_bandwidth(spec, meta, feeds, median_ms=1.0, env={"gpu_name": "NVIDIA H200"})
+    args = {"model_dtype": "float32", "parameters": 1_000_000, "feeds": feeds, "median_ms": 1.0}
+    out = decode.extra_metrics(**args, peak_gbs=4800.0)
     assert out["decode_bytes_per_step"] == 4_000_000 + 2 * 100 * 2 * 16 * 4
     assert out["achieved_bandwidth_gbs"] == pytest.approx(out["decode_bytes_per_step"] / 1e-3 / 1e9)
+    assert out["peak_bandwidth_gbs"] == 4800.0
     assert out["bandwidth_fraction_of_peak"] == pytest.approx(out["achieved_bandwidth_gbs"] / 4800.0)
-    cpu = _decode_bandwidth(BenchSpec("v", "onnxruntime", "cpu", spec.model, spec.phase, "", ""), meta, feeds, 1.0, {})
-    assert "bandwidth_fraction_of_peak" not in cpu
+    cpu = decode.extra_metrics(**args, peak_gbs=None)  # no peak known (the CPU): the achieved rate only
+    assert "bandwidth_fraction_of_peak" not in cpu and "peak_bandwidth_gbs" not in cpu
+    half = decode.extra_metrics(**{**args, "model_dtype": "bfloat16"}, peak_gbs=None)
+    assert half["decode_bytes_per_step"] == 2_000_000 + 2 * 100 * 2 * 16 * 4  # weights at 2 bytes each
+    assert phase_module("prefill").extra_metrics(**args, peak_gbs=4800.0) == {}
 
 
 def test_summary_rows_show_shapes_parity_and_status():
     ok = Outcome(
         "llama_decode_onnxruntime_cpu",
-        status="ok",
+        status=Status.OK,
         unstable=True,
         shapes={
             "input_ids": [1, 1],
@@ -62,18 +70,23 @@ def test_summary_rows_show_shapes_parity_and_status():
             "tokens_per_s": 4000.0,
             "parity_max_abs_diff": 3e-6,
             "parity_steps": 8,
-            "latency_cv": 0.3,
+            "latency_iqr_rel": 0.3,
         },
     )
-    bad = Outcome("phi3_decode_executorch_cpu", status="failed", stage="parity", error="logits differ")
+    bad = Outcome("phi3_decode_executorch_cpu", status=Status.FAILED, stage="parity", error="logits differ")
     rows = summary_rows([ok, bad])
     assert rows[0]["inputs"] == "input_ids[1,1] pos[1] kv 2x[1,2,136,16]"
-    assert rows[0]["parity_max_diff"] == "3.0e-06 (8 steps)" and rows[0]["status"] == "ok, unstable (cv 30%)"
+    assert rows[0]["parity_max_diff"] == "3.0e-06 (8 steps)" and rows[0]["status"] == "ok, unstable (iqr 30%)"
     assert rows[1]["status"] == "FAILED parity: logits differ" and rows[1]["median_ms"] == "-"
     text = table(rows)
     assert text.splitlines()[0].startswith("variant") and "FAILED parity" in text
     assert shapes_text({"input_ids": [2, 16]}) == "input_ids[2,16]"
-    assert status_text(Outcome("x", status="skipped", error="why")) == "skipped: why"
+    assert status_text(Outcome("x", status=Status.SKIPPED, error="why")) == "skipped: why"
+    assert (
+        status_text(Outcome("x", status=Status.ABORTED, error="KeyboardInterrupt: ")) == "aborted: KeyboardInterrupt:"
+    )
+    assert status_text(Outcome("x", status=Status.OK, metrics={"latency_iqr_rel": 0.02})) == "ok"
+    assert status_text(Outcome("x")) == "planned"
 
 
 def test_compare_rows_show_each_variant_and_the_ones_only_one_sweep_has():
@@ -85,4 +98,34 @@ def test_compare_rows_show_each_variant_and_the_ones_only_one_sweep_has():
     assert rows["v1"]["verdict"] == "slower" and rows["v1"]["ratio"].startswith("1.")
     assert rows["only_a"]["verdict"] == "only in baseline" and rows["only_b"]["verdict"] == "only in candidate"
     text = table(list(rows.values()))
-    assert text.splitlines()[0].split() == ["variant", "baseline_ms", "candidate_ms", "ratio", "ratio_95ci", "p_holm", "verdict"]
+    assert text.splitlines()[0].split() == [
+        "variant",
+        "baseline_ms",
+        "candidate_ms",
+        "ratio",
+        "ratio_95ci",
+        "p_holm",
+        "verdict",
+    ]
+
+
+def test_plan_text_shows_resources_notes_exports_and_skipped():
+    """The dry run's view: each benchmark's resources and pool, why one cannot run, the
+    export jobs with the variants they serve, the skipped combinations."""
+    from orchestrator.placement import Capacity
+    from tests.test_plan import plan_of
+
+    plan = plan_of(
+        Capacity(cpus=2, total_cpus=2, bench_slots=1, gpus=0, memory=8 * 2**30),
+        backend="onnxruntime,executorch",
+        device="cpu,cuda",
+    )
+    text = plan_text(plan)
+    lines = {line.split()[0]: line for line in text.splitlines() if line.strip()}
+    cpu = lines["llama_prefill_onnxruntime_cpu"]
+    assert "cpu=2 " in cpu and "mem=" in cpu and "phasesweep_bench=1 [bench_cpu]" in cpu
+    cuda = lines["llama_prefill_onnxruntime_cuda"]
+    assert "gpu=1" in cuda and "[gpu]" in cuda and "no node of this Ray cluster has one" in cuda
+    assert "llama_prefill_executorch_cuda (job #3)" in text and "does not run on device=cuda" in text
+    exports = [line for line in text.splitlines() if line.split()[1:2] in (["onnx"], ["executorch"])]
+    assert len(exports) == 2 and all("[cpu]" in line for line in exports)

@@ -1,4 +1,6 @@
-"""The local Ray the driver starts: loopback only, one CPU benchmark per node at a time."""
+"""The local Ray the driver starts: loopback only, one CPU benchmark per node at a time.
+
+Only what needs a live Ray; the placement rules themselves are tested in test_placement.py."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import ClusterCfg, ConfigError
+from orchestrator.config import ClusterCfg
+from orchestrator.placement import bench_request
 from orchestrator.scheduler import Scheduler
 
 pytestmark = pytest.mark.slow
@@ -29,6 +32,19 @@ def _listening() -> set[tuple[str, int]]:
             raw = b"".join(struct.pack("<I", struct.unpack(">I", raw[i : i + 4])[0]) for i in range(0, len(raw), 4))
             found.add((socket.inet_ntop(family, raw), int(port_hex, 16)))
     return found
+
+
+def _window():
+    """A remote function that sleeps a second and returns (start, end)."""
+    import ray
+
+    @ray.remote(max_calls=1)
+    def window(_spec):
+        start = time.time()
+        time.sleep(1.0)
+        return start, time.time()
+
+    return window
 
 
 def _loopback(addr: str) -> bool:
@@ -53,44 +69,33 @@ def test_local_ray_listens_on_loopback_only(scheduler):
     assert not exposed, f"Ray listens beyond loopback: {exposed}"
 
 
-def test_cpu_benchmarks_take_a_whole_node(scheduler):
+def test_capacity_is_read_from_the_live_cluster(scheduler):
     sched, _ = scheduler
-    assert sched.capacity.cpus == 2 and sched.capacity.bench_slots == 1
-    opts, pool = sched.bench_options("cpu", sched.bench_threads("cpu", None), {})
-    assert pool == "bench_cpu"
-    assert opts["num_cpus"] == 2 and opts["resources"] == {"phasesweep_bench": 1}
-    gpu, gpu_pool = sched.bench_options("cuda", 1, {"num_gpus": 1})
-    assert gpu_pool == "bench_gpu" and gpu["num_gpus"] == 1 and "phasesweep_bench" not in gpu["resources"]
-    with pytest.raises(ConfigError, match="bench.threads=8 exceeds the 2 CPUs"):
-        sched.bench_options("cpu", 8, {})
+    assert sched.capacity.cpus == 2 and sched.capacity.bench_slots == 1 and sched.capacity.gpus == 0
+    assert sched.capacity.total_cpus == 2 and sched.capacity.memory > 0
 
 
 def test_two_cpu_benchmarks_never_overlap(scheduler):
     """Tasks with bench resources run one after the other even when both are ready."""
     sched, _ = scheduler
+    cap = sched.capacity
     for i in range(2):
-        sched.submit_bench(f"b{i}", None, sched.bench_options("cpu", 1, {})[0], "bench_cpu")
-    # swap the bench entry for a function that reports when it ran
-    import ray
-
-    @ray.remote(max_calls=1)
-    def window(_spec):
-        start = time.time()
-        time.sleep(1.0)
-        return start, time.time()
-
-    sched._bench = window
-    spans = sorted(result for _, _, result in sched.results())
+        request = bench_request(cap, "cpu", 1, {}, weight_bytes=0, memory_factor=1.5, max_retries=0)
+        assert request.pool == "bench_cpu"
+        sched.submit("bench", f"b{i}", None, request)
+    sched._bench = _window()  # the bench entry swapped for a function that reports when it ran
+    done = list(sched.results())
+    assert sorted((kind, key) for kind, key, _ in done) == [("bench", "b0"), ("bench", "b1")]
+    spans = sorted(result for _, _, result in done)
     assert len(spans) == 2 and spans[0][1] <= spans[1][0]
 
 
-def test_memory_requests_follow_model_size(scheduler):
-    sched, _ = scheduler
-    mem = sched.capacity.memory
-    assert mem > 0
-    assert "exceed the" in sched.placement_error("cpu", mem + 1)
-    assert sched.placement_error("cpu", 10**6) is None
-    assert sched.memory_warning(10**6, "onnx") is None
-    assert "may not fit" in sched.memory_warning(mem // 2, "executorch")  # 4x the weights at peak
-    opts, _ = sched.bench_options("cpu", 1, {}, weight_bytes=mem // 2)
-    assert opts["memory"] == min(int(mem // 2 * 1.5), mem)
+def test_the_bench_resource_alone_keeps_cpu_benchmarks_apart(scheduler):
+    """Handed to Ray together (no queue limit), two one-thread benchmarks on a two-CPU node
+    still run one after the other: the node's single phasesweep_bench slot serialises them."""
+    import ray
+
+    request = bench_request(scheduler[0].capacity, "cpu", 1, {}, weight_bytes=0, memory_factor=1.5, max_retries=0)
+    window = _window()
+    spans = sorted(ray.get([window.options(**request.options).remote(None) for _ in range(2)], timeout=60))
+    assert spans[0][1] <= spans[1][0]

@@ -3,7 +3,7 @@ window check. torch is imported inside the functions that need it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,11 +19,12 @@ class PhaseData:
     feeds: dict[str, np.ndarray]  # the timed call's inputs, by graph input name, in call order
     parity: dict[str, np.ndarray]  # reference outputs (and step tokens) the parity check reads
     dims: dict[str, int]
+    dtypes: dict[str, str] = field(default_factory=dict)  # inputs whose numpy form is not their dtype (bfloat16)
 
     def example_args(self) -> tuple[torch.Tensor, ...]:
-        import torch
+        from tasks.tensors import to_torch
 
-        return tuple(torch.from_numpy(a) for a in self.feeds.values())
+        return tuple(to_torch(a, self.dtypes.get(n)) for n, a in self.feeds.items())
 
     def shapes(self) -> dict[str, list[int]]:
         return {name: list(a.shape) for name, a in self.feeds.items()}

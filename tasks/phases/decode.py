@@ -69,6 +69,7 @@ def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dic
     import torch
 
     from tasks.kv_cache import make_kv_cache
+    from tasks.tensors import dtype_name, to_numpy
 
     gen = torch.Generator().manual_seed(phase.seed)
     b = phase.batch
@@ -78,11 +79,14 @@ def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dic
         cache = model(input_ids=ctx, use_cache=True).cache  # reference DynamicCache holding C positions
         layout = make_kv_cache(kv_cache)
         past: dict[str, np.ndarray] = {}
+        dtypes: dict[str, str] = {}
         names = iter(kv_names(PAST, dims["layers"]))
         slots = capacity(phase)  # a dynamic cache ignores it: it holds exactly the context
         for layer in cache.layers:
-            past[next(names)] = layout.from_prefix(layer.keys.clone(), slots).numpy()
-            past[next(names)] = layout.from_prefix(layer.values.clone(), slots).numpy()
+            for t in (layer.keys, layer.values):
+                name = next(names)
+                past[name] = to_numpy(layout.from_prefix(t.clone(), slots))
+                dtypes[name] = dtype_name(t)
         feeds = {
             "input_ids": np.ascontiguousarray(steps[:, :1].numpy()),  # [B, 1]
             "cache_position": np.array([phase.context_len], dtype=np.int64),  # [1]
@@ -93,7 +97,7 @@ def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dic
             out = model(input_ids=steps[:, t : t + 1], cache=cache, use_cache=True)
             refs.append(out.logits[:, -1:].float())  # [B, 1, V]
     assert list(feeds) == io_names(dims["layers"])[0]
-    return PhaseData(feeds, {"step_tokens": steps.numpy(), "ref_logits": torch.stack(refs).numpy()}, dims)
+    return PhaseData(feeds, {"step_tokens": steps.numpy(), "ref_logits": torch.stack(refs).numpy()}, dims, dtypes)
 
 
 def build_graph(model: torch.nn.Module, family: str, kv_cache: str, attention: str) -> torch.nn.Module:

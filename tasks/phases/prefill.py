@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from tasks.phases._common import PhaseData, check_span, tokens
 from tasks.specs import PRESENT, PhaseSpec, at_least, kv_names
 
@@ -36,14 +38,20 @@ def io_names(layers: int) -> tuple[list[str], list[str]]:
 
 
 def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dict[str, int]) -> PhaseData:
-    """A seeded prompt and the transformers model's own last-position logits."""
+    """A seeded prompt, and the transformers model's own last-position logits and the
+    cache it fills ([B, H_kv, P, D] per layer, as float32)."""
     import torch
 
     gen = torch.Generator().manual_seed(phase.seed)
     ids = tokens(gen, dims["vocab"], (phase.batch, phase.prompt_len))  # [B, P]
     with torch.inference_mode():
-        ref = model(input_ids=ids, use_cache=False).logits[:, -1:]  # [B, 1, V]
-    return PhaseData({"input_ids": ids.numpy()}, {"ref_logits": ref[None].float().numpy()}, dims)
+        out = model(input_ids=ids, use_cache=True)
+    ref = {"ref_logits": out.logits[:, -1:][None].float().numpy()}  # [1, B, 1, V]
+    names = iter(kv_names(PRESENT, dims["layers"]))
+    for layer in out.cache.layers:
+        ref["ref_" + next(names)] = layer.keys.float().numpy()
+        ref["ref_" + next(names)] = layer.values.float().numpy()
+    return PhaseData({"input_ids": ids.numpy()}, ref, dims)
 
 
 def build_graph(model: torch.nn.Module, family: str, kv_cache: str, attention: str) -> torch.nn.Module:
@@ -56,10 +64,19 @@ def build_graph(model: torch.nn.Module, family: str, kv_cache: str, attention: s
 
 
 def check_parity(session: Any, feeds: dict, parity: dict, atol: float) -> dict[str, Any]:
-    """One call against the reference logits."""
+    """One call: its logits against the reference's, and every returned present.* cache
+    against the cache the reference filled (a graph that returns a wrong cache would
+    otherwise pass prefill and hand decode garbage)."""
     from tasks.parity import compare, summary
+    from tasks.tensors import as_float32
 
-    return summary([compare(session.run(feeds)[0], parity["ref_logits"][0])], atol)
+    logits, *present = session.run(feeds)
+    report = summary([compare(logits, parity["ref_logits"][0])], atol)
+    names = [n for n in session.output_names if n.startswith(PRESENT)]
+    diffs = [float(np.max(np.abs(as_float32(a) - parity["ref_" + n]))) for n, a in zip(names, present, strict=True)]
+    report["cache_max_abs_diff"] = max(diffs) if diffs else 0.0
+    report["passed"] = report["passed"] and report["cache_max_abs_diff"] <= atol
+    return report
 
 
 def extra_metrics(**_: Any) -> dict[str, float]:

@@ -5,6 +5,7 @@ provides:
 
   LIBRARIES: tuple[str, ...]   distributions whose versions change its measurements (bench key)
   MEMORY_FACTOR: float         a benchmark's peak memory, as a multiple of the weight bytes
+  DTYPES: dict[str, tuple]     model dtypes it runs, by device (DTYPE_NOTE: why others not)
   Options                      a dataclass of its typed options (backend.options);
                                __post_init__ checks values and raises ConfigError
   load(spec, meta, feeds) -> Session   (the protocol in _base.py)

@@ -7,16 +7,19 @@ Compilation happens in load(), on the phase's real inputs, and is reported on it
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tasks.runtimes.eager import TorchSession, build_module, set_threads
-from tasks.specs import BenchSpec, choice
+from tasks.specs import PAST, BenchSpec, choice
 
 LIBRARIES = ("torch", "transformers")
 MEMORY_FACTOR = 1.5
+# model dtypes it runs, by device: other combinations are skipped at plan time
+DTYPES = {"cpu": ("float32", "float16", "bfloat16"), "cuda": ("float32", "float16", "bfloat16")}
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -30,6 +33,48 @@ class Options:
         choice("backend.options.mode", self.mode, MODES)
 
 
+def _graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+class CompiledSession(TorchSession):
+    """A TorchSession whose module is compiled. A growing (dynamic) KV cache is declared
+    dynamic in its sequence dimension up front, so consecutive decode steps reuse one
+    graph; recompiles are counted, and inside the timed region a recompile is an error."""
+
+    def __init__(self, module, spec: BenchSpec, meta: dict[str, Any]):
+        super().__init__(module, spec, meta)
+        self.dynamic_cache = spec.model.kv_cache == "dynamic"
+        self.compiled_after_load = 0
+
+    def recompiles(self) -> int:
+        """Graphs compiled since load() compiled the first."""
+        return _graphs_compiled() - self.compiled_after_load
+
+    def _tensors(self, feeds: dict[str, np.ndarray]) -> list:
+        import torch
+
+        tensors = super()._tensors(feeds)
+        if self.dynamic_cache:
+            for name, t in zip(feeds, tensors, strict=True):
+                if name.startswith(PAST):
+                    torch._dynamo.mark_dynamic(t, 2)  # [B, H_kv, S, D]: S grows step by step
+        return tensors
+
+    @contextmanager
+    def timed_region(self):
+        """Timed calls must run the graph compiled before them: a recompile raises."""
+        import torch
+
+        before = _graphs_compiled()
+        with torch.compiler.set_stance("fail_on_recompile"):
+            yield
+        if _graphs_compiled() != before:
+            raise RuntimeError("torch.compile recompiled inside the timed loop: the timings are not of one graph")
+
+
 def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> TorchSession:
     import torch
     import torch._inductor.config
@@ -40,9 +85,16 @@ def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) ->
     if opts.cold_cache:  # compile_seconds then means a first compile, not a lookup in inductor's disk cache
         torch._inductor.config.force_disable_caches = True
     compiled = torch.compile(module, backend="inductor", mode=opts.mode, fullgraph=True, dynamic=opts.dynamic)
-    session = TorchSession(compiled, spec, meta)
+    session = CompiledSession(compiled, spec, meta)
+    before = _graphs_compiled()
     t0 = time.perf_counter()
     session.run(feeds)
     session.metrics["compile_seconds"] = time.perf_counter() - t0
-    session.info.update(compile_mode=opts.mode or "default", compile_cold_cache=opts.cold_cache)
+    session.metrics["compiled_graphs"] = _graphs_compiled() - before
+    session.compiled_after_load = _graphs_compiled()
+    session.info.update(
+        compile_mode=opts.mode or "default",
+        compile_cold_cache=opts.cold_cache,
+        compile_dynamic_cache=session.dynamic_cache,
+    )
     return session

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
 LIBRARIES = ("torch", "transformers")
 MEMORY_FACTOR = 1.5
+# model dtypes it runs, by device: other combinations are skipped at plan time
+DTYPES = {"cpu": ("float32", "float16", "bfloat16"), "cuda": ("float32", "float16", "bfloat16")}
 
 
 @dataclass(frozen=True)
@@ -28,19 +30,46 @@ class TorchSession:
         self.device = torch.device(spec.device)
         self.module = module.to(self.device)
         self.output_names = meta["output_names"]
+        self.dtypes: dict[str, str] = meta.get("input_dtypes", {})
         self.info = {"torch_threads": torch.get_num_threads()}
         self.metrics: dict[str, float] = {}
 
     def _tensors(self, feeds: dict[str, np.ndarray]) -> list[torch.Tensor]:
+        """Device copies made in inference mode, like the outputs fed back in run_steps
+        (torch.compile guards on the difference and would recompile)."""
         import torch
 
-        return [torch.from_numpy(a).to(self.device) for a in feeds.values()]
-
-    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        import torch
+        from tasks.tensors import to_torch
 
         with torch.inference_mode():
-            return [t.float().cpu().numpy() for t in self.module(*self._tensors(feeds))]
+            return [to_torch(a, self.dtypes.get(n)).to(self.device, copy=True) for n, a in feeds.items()]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Logits in float32; caches in their own dtype (bfloat16 as uint16 bits)."""
+        import torch
+
+        from tasks.tensors import logits_numpy, to_numpy
+
+        with torch.inference_mode():
+            logits, *rest = self.module(*self._tensors(feeds))
+            return [logits_numpy(logits), *map(to_numpy, rest)]
+
+    def run_steps(self, feeds: dict[str, np.ndarray], tokens: np.ndarray, start: int) -> list[np.ndarray]:
+        """Consecutive decode steps, each fed the previous step's present cache as the
+        tensors it returned (on the device, in the model's dtype). Logits [B, 1, V] each."""
+        import torch
+
+        from tasks.tensors import logits_numpy
+
+        _ids, _pos, *past = self._tensors(feeds)
+        out = []
+        with torch.inference_mode():
+            for t in range(tokens.shape[1]):
+                ids = torch.from_numpy(tokens[:, t : t + 1].copy()).to(self.device)  # fresh standard strides
+                pos = torch.tensor([start + t], dtype=torch.int64, device=self.device)
+                logits, *past = self.module(ids, pos, *past)
+                out.append(logits_numpy(logits))
+        return out
 
     def bind(self, feeds: dict[str, np.ndarray]):
         import torch

@@ -16,6 +16,8 @@ from tasks.specs import BenchSpec
 
 LIBRARIES = ("executorch",)
 MEMORY_FACTOR = 1.5
+# model dtypes it runs, by device: other combinations are skipped at plan time
+DTYPES = {"cpu": ("float32", "float16", "bfloat16")}
 
 
 @dataclass(frozen=True)
@@ -35,19 +37,42 @@ class PteSession:
         self.program = Runtime.get().load_program(path)
         self.method = self.program.load_method("forward")
         self.output_names = meta["output_names"]
+        self.dtypes: dict[str, str] = meta.get("input_dtypes", {})
         self.info = {"xnnpack_threads": portable_lib._threadpool_get_thread_count()}
         self.metrics: dict[str, float] = {}
 
+    def _tensors(self, feeds: dict[str, np.ndarray]) -> list:
+        from tasks.tensors import to_torch
+
+        return [to_torch(a, self.dtypes.get(n)) for n, a in feeds.items()]
+
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Logits in float32; caches in their own dtype (bfloat16 as uint16 bits); copies
+        out of the method's memory."""
+        from tasks.tensors import logits_numpy, to_numpy
+
+        logits, *rest = self.method.execute(self._tensors(feeds))
+        return [logits_numpy(logits), *(to_numpy(t.clone()) for t in rest)]
+
+    def run_steps(self, feeds: dict[str, np.ndarray], tokens: np.ndarray, start: int) -> list[np.ndarray]:
+        """Consecutive decode steps, each fed the previous step's present cache as tensors
+        in the model's dtype (copied out of the method's memory, which the next call reuses)."""
         import torch
 
-        outputs = self.method.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in feeds.values()])
-        return [o.detach().clone().float().numpy() for o in outputs]  # copy out of the method's memory
+        from tasks.tensors import logits_numpy
+
+        _ids, _pos, *past = self._tensors(feeds)
+        out = []
+        for t in range(tokens.shape[1]):
+            ids = torch.from_numpy(tokens[:, t : t + 1].copy())
+            pos = torch.tensor([start + t], dtype=torch.int64)
+            logits, *present = self.method.execute([ids, pos, *past])
+            out.append(logits_numpy(logits))
+            past = [p.clone() for p in present]
+        return out
 
     def bind(self, feeds: dict[str, np.ndarray]):
-        import torch
-
-        inputs = [torch.from_numpy(np.ascontiguousarray(a)) for a in feeds.values()]
+        inputs = self._tensors(feeds)
         method = self.method
         return lambda: method.execute(inputs)
 

@@ -12,6 +12,9 @@ from tasks.specs import PAST, BenchSpec, choice
 
 LIBRARIES = ("onnxruntime",)
 MEMORY_FACTOR = 1.5  # peak RSS 6.8 GB benchmarking the Llama-3.2-1B architecture in fp32 (1.4x)
+# model dtypes it runs, by device: other combinations are skipped at plan time
+DTYPES = {"cpu": ("float32", "float16"), "cuda": ("float32", "float16", "bfloat16")}
+DTYPE_NOTE = "ONNX Runtime's CPU provider has no bfloat16 kernels (e.g. Mul)"
 OPT_LEVELS = ("disable", "basic", "extended", "all")
 
 
