@@ -142,7 +142,7 @@ class ClusterCfg:
 
 
 def check_bench(b: BenchOptions) -> None:
-    for key in ("warmup_iters", "min_iters", "max_iters"):
+    for key in ("warmup_iters", "min_iters", "max_iters", "repeats"):
         at_least(f"bench.{key}", getattr(b, key), 1)
     for key in ("warmup_max_seconds", "min_seconds", "max_seconds", "target_ci", "unstable_iqr"):
         at_least(f"bench.{key}", getattr(b, key), 0)

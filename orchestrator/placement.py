@@ -7,8 +7,10 @@ asks these functions for every task's resources, so the rules are tested without
   format's MEMORY_FACTOR x the weights, so two large exports never share a node that
   cannot hold both.
 - A CPU benchmark asks for its node's bench slot (the custom resource `phasesweep_bench`,
-  one per node) and as many CPUs as it uses threads: two CPU benchmarks never share a node
-  and no export runs beside one on its cores.
+  one per node) and ALL the CPUs of the smallest bench node, whatever `bench.threads` is:
+  two CPU benchmarks never share a node and no export runs beside one, even beside a
+  1-thread benchmark (its process pins itself to `threads` cores: tasks/machine.py). On a
+  bench node larger than the smallest one, the CPUs beyond it stay open to exports.
 - A CUDA benchmark asks for one GPU.
 """
 
@@ -52,7 +54,8 @@ def capacity_of(nodes: list[dict[str, Any]], address: str | None = None) -> Capa
     if not bench:
         raise ConfigError(
             f"cluster.address={address!r}: no node offers the resource {BENCH_RESOURCE}; "
-            f"start nodes with scripts/cluster.sh (ray start --resources='{{\"{BENCH_RESOURCE}\": 1}}')"
+            "start workers with scripts/cluster.sh worker HEAD_IP:6379, or let the head benchmark too with "
+            f"scripts/cluster.sh head [NODE_IP] --bench (ray start --resources='{{\"{BENCH_RESOURCE}\": 1}}')"
         )
     return Capacity(
         cpus=int(min(n["Resources"].get("CPU", 1) for n in bench)),
@@ -95,7 +98,7 @@ def bench_request(
         return Request(opts, "gpu")
     if threads > cap.cpus:
         raise ConfigError(f"bench.threads={threads} exceeds the {cap.cpus} CPUs of the smallest benchmark node")
-    opts.update(num_cpus=threads, resources={BENCH_RESOURCE: 1, **extra})
+    opts.update(num_cpus=cap.cpus, resources={BENCH_RESOURCE: 1, **extra})  # the whole node, quiet
     return Request(opts, "bench_cpu")
 
 

@@ -19,6 +19,7 @@ from orchestrator.report import latency_plot, plan_text, say, summary_rows, tabl
 from orchestrator.scheduler import Scheduler
 from orchestrator.tracking import Tracker, ui_command
 from orchestrator.variant import Variant
+from tasks.bench import pool_repeats
 from tasks.specs import BenchResult, ExportResult, Failure
 
 
@@ -48,6 +49,7 @@ class SweepRun:
         self.plan, self.out_dir, self.tracker, self.sched = plan, out_dir, tracker, sched
         self.outcomes: dict[str, Outcome] = {}
         self.parent: str | None = None
+        self.repeats: dict[str, list[BenchResult]] = {}  # variant -> results of its processes so far
 
     # -- planned ----------------------------------------------------------------------
     def _tags(self, v: Variant) -> dict[str, str]:
@@ -63,6 +65,7 @@ class SweepRun:
                 "variants": len(self.plan.variants),
                 "skipped": len(self.plan.skipped),
                 "exports": len(self.plan.exports),
+                "bench_order_seed": self.sched.seed,
             },
             tags={"git_commit": self.commit, "host": platform.node(), "out_dir": str(self.out_dir)},
         )
@@ -113,7 +116,8 @@ class SweepRun:
                 self.log_model(o, result)
             o.status = Status.RUNNING
             pv = self.plan.variant(name)
-            self.sched.submit("bench", name, pv.bench, pv.request)
+            for r in range(pv.bench.bench.repeats):  # each in a fresh process; the scheduler interleaves them
+                self.sched.submit("bench", f"{name}#{r}", pv.bench, pv.request)
             say(f"  exported  {name:<44} {result.export_seconds:6.1f}s {'(cache hit)' if result.cache_hit else ''}")
 
     def log_model(self, o: Outcome, export: ExportResult) -> None:
@@ -134,11 +138,25 @@ class SweepRun:
             self.tracker.artifact(o.run_id, f, "model")
 
     # -- benchmark --------------------------------------------------------------------
-    def on_bench(self, name: str, result: BenchResult | Failure) -> None:
+    def on_bench(self, key: str, result: BenchResult | Failure) -> None:
+        """One benchmark process ended (`key` is `name#repeat`); the variant is recorded
+        once all its processes have, their samples pooled."""
+        name = key.rsplit("#", 1)[0]
         o = self.outcomes[name]
+        if o.ended:  # an earlier process of this variant failed it already
+            return
         if isinstance(result, Failure):
             self.fail(o, result)
             return
+        done = self.repeats.setdefault(name, [])
+        done.append(result)
+        bench = self.plan.variant(name).bench.bench
+        if len(done) < bench.repeats and result.ok:
+            return
+        self.record_bench(name, pool_repeats(done, bench))
+
+    def record_bench(self, name: str, result: BenchResult) -> None:
+        o = self.outcomes[name]
         o.metrics.update(result.metrics)
         o.unstable = bool(result.metrics.get("unstable", 0.0))
         self.tracker.log(

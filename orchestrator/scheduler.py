@@ -8,6 +8,7 @@ the scheduler hands Ray only what can start now, so a task's clock measures its 
 from __future__ import annotations
 
 import os
+import random
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -70,8 +71,12 @@ class _Task:
 
 
 class Scheduler:
-    def __init__(self, cluster: ClusterCfg):
+    def __init__(self, cluster: ClusterCfg, seed: int | None = None):
         self.cluster = cluster
+        # benchmarks start in random order (Google Benchmark's random interleaving): the
+        # repeats of one variant are spread across the sweep, not run back to back
+        self.seed = seed if seed is not None else random.randrange(2**31)
+        self.rng = random.Random(self.seed)
         self.owned = False
         self.queue: deque[_Task] = deque()
         self.running: dict[Any, _Task] = {}
@@ -130,8 +135,12 @@ class Scheduler:
         return sum(1 for t in self.running.values() if t.request.pool == pool)
 
     def _start_queued(self) -> None:
-        """Hand Ray only what can start now: a queued task's clock has not started."""
-        for task in list(self.queue):
+        """Hand Ray only what can start now: a queued task's clock has not started.
+        Exports start in order; benchmarks in random order."""
+        exports = [t for t in self.queue if t.kind == "export"]
+        benches = [t for t in self.queue if t.kind != "export"]
+        self.rng.shuffle(benches)
+        for task in exports + benches:
             if self._in_use(task.request.pool) >= self.capacity.limits[task.request.pool]:
                 continue
             fn = self._export if task.kind == "export" else self._bench

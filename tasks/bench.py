@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from tasks.specs import BenchOptions
+from tasks.specs import BenchOptions, BenchResult
 
 CONFIDENCE = 0.95  # of the median's interval, in the stopping rule and the statistics
 CHECK_GROWTH = 0.10  # the stopping rule is checked each time the sample count grew by 10%
@@ -279,3 +279,46 @@ def bench_metrics(m: Measurement, opts: BenchOptions) -> dict[str, float]:
         "reached_target": float(m.reached_target),
         "hit_time_cap": float(m.hit_time_cap),
     }
+
+
+# metrics that follow from the pooled median rather than from any one process
+_PER_MEDIAN = ("tokens_per_s", "achieved_bandwidth_gbs", "bandwidth_fraction_of_peak")
+
+
+def pool_repeats(results: list[BenchResult], opts: BenchOptions) -> BenchResult:
+    """One variant measured in several fresh processes: the samples pooled, the latency
+    statistics and the flag recomputed from them, rates rescaled to the pooled median, the
+    other metrics (load time, peak memory, first call) the median over processes, and the
+    spread between the processes' medians reported. A failed process fails the variant."""
+    failed = next((r for r in results if not r.ok), None)
+    if failed is not None or len(results) == 1:
+        return failed or results[0]
+    first = results[0]
+    pooled = [s for r in results for s in r.samples_ns]
+    medians = [r.metrics["latency_ms_median"] for r in results]
+    metrics = {k: float(np.median([r.metrics[k] for r in results if k in r.metrics])) for k in first.metrics}
+    for key in [k for k in metrics if k.startswith(("latency_", "outliers", "iterations"))]:
+        del metrics[key]
+    stats = summarize(pooled)
+    metrics.update(stats, unstable=float(is_unstable(stats, opts)))
+    for key in _PER_MEDIAN:
+        if key in first.metrics:  # rate x median is constant: rescale to the pooled median
+            metrics[key] = first.metrics[key] * first.metrics["latency_ms_median"] / stats["latency_ms_median"]
+    metrics.update(
+        repeats=float(len(results)),
+        latency_repeat_spread=(max(medians) - min(medians)) / stats["latency_ms_median"],
+        parity_max_abs_diff=max(r.metrics["parity_max_abs_diff"] for r in results),
+    )
+    worst = max(results, key=lambda r: r.metrics["parity_max_abs_diff"])
+    params = {**first.params, "pid": ",".join(str(r.params.get("pid")) for r in results)}
+    params["repeat_medians_ms"] = ",".join(f"{m:.4g}" for m in medians)
+    return BenchResult(
+        variant=first.variant,
+        ok=True,
+        metrics=metrics,
+        params=params,
+        parity=worst.parity,
+        samples_ns=pooled,
+        first_call_ns=first.first_call_ns,
+        env=first.env,
+    )

@@ -1,4 +1,5 @@
-"""Where a benchmark ran: CPU, GPU, library versions. Read on the worker that measures."""
+"""Where a benchmark ran: CPU, GPU, library versions. Read on the worker that measures.
+The machine's state around the timed window (cores, governor, load): tasks/machine.py."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
+
+from tasks.machine import allowed_cores
 
 ALWAYS = ("numpy",)  # besides the libraries of the variant's export format and runtime
 # peak DRAM bandwidth (GB/s) by GPU name substring, for `bandwidth_fraction_of_peak`;
@@ -65,7 +68,7 @@ def fingerprint(device: str, libraries: tuple[str, ...] = ()) -> dict[str, str]:
         "host": platform.node(),
         "cpu_model": cpu_model(),
         "cpu_count": str(os.cpu_count()),
-        "cpus_usable": str(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else "",
+        "cpus_usable": str(len(allowed_cores())),  # as given to the process, before it pinned itself
         "python": platform.python_version(),
         "platform": platform.platform(),
     }

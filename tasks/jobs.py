@@ -60,7 +60,7 @@ def export_job(spec: ExportSpec) -> ExportResult:
         import torch
 
         from tasks.export import format_module
-        from tasks.models import build_model, count_parameters, model_dims
+        from tasks.models import build_model, count_parameters, embedding_facts, model_dims
         from tasks.phases import phase_module
 
         fmt = format_module(spec.export_format)
@@ -88,7 +88,13 @@ def export_job(spec: ExportSpec) -> ExportResult:
             "output_names": output_names,
             "input_shapes": data.shapes(),
             "input_dtypes": data.dtypes,
-            "details": {**details, **data.dims, "parameters": count_parameters(model), "torch": torch.__version__},
+            "details": {
+                **details,
+                **data.dims,
+                **embedding_facts(model),
+                "parameters": count_parameters(model),
+                "torch": torch.__version__,
+            },
         }
         (tmp / META).write_text(json.dumps(meta, indent=1))
         del model, graph, data
@@ -184,6 +190,7 @@ def bench_job(spec: BenchSpec) -> BenchResult:
     from tasks.bench import bench_metrics, measure, wall_clock
     from tasks.environment import fingerprint, peak_bandwidth_gbs
     from tasks.export import format_module
+    from tasks.machine import benchmark_cores, core_list, watch
     from tasks.parity import tolerance
     from tasks.phases import phase_module
     from tasks.runtimes import runtime_module
@@ -191,6 +198,8 @@ def bench_job(spec: BenchSpec) -> BenchResult:
     ran_before = ",".join(_RAN)
     _RAN.append("bench")
     result = BenchResult(variant=spec.variant, ok=False)
+    cores = benchmark_cores(spec.device, spec.bench.threads)  # pinned before loading: thread pools inherit it
+    result.params["bench_cores"] = core_list(cores)
     stage = "load"
     try:
         phase = phase_module(spec.phase.name)
@@ -233,8 +242,10 @@ def bench_job(spec: BenchSpec) -> BenchResult:
         stage = "benchmark"
         result.metrics["peak_rss_load_mb"] = _vm_hwm_mb()  # loading, first call and parity
         reset = _reset_peak_rss()
-        with getattr(session, "timed_region", nullcontext)():
+        with getattr(session, "timed_region", nullcontext)(), watch(cores) as machine:
             m = measure(call, spec.bench, session.sync, session.timer())
+        result.metrics.update(machine.metrics)  # load, other processes' share of the bench cores
+        result.params.update(machine.params)
         stats = bench_metrics(m, spec.bench)
         tokens = spec.phase.batch * phase.tokens_per_call(spec.phase)
         result.metrics.update(stats)
@@ -249,7 +260,7 @@ def bench_job(spec: BenchSpec) -> BenchResult:
         result.metrics.update(
             phase.extra_metrics(
                 model_dtype=spec.model.dtype,
-                parameters=meta["details"]["parameters"],
+                details=meta["details"],
                 feeds=feeds,
                 median_ms=stats["latency_ms_median"],
                 peak_gbs=peak if spec.device == "cuda" else None,

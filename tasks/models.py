@@ -72,3 +72,15 @@ def model_dims(model: torch.nn.Module) -> dict[str, int]:
 
 def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def embedding_facts(model: torch.nn.Module) -> dict[str, int]:
+    """What a decode step reads of the embeddings: the input table's size, its row width,
+    and whether the output head shares it (then the head reads the whole table anyway)."""
+    table = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    return {
+        "embedding_parameters": table.numel(),
+        "hidden_size": table.shape[1],
+        "tied_embeddings": int(head is not None and head.weight.data_ptr() == table.data_ptr()),
+    }

@@ -95,6 +95,7 @@ class BenchOptions:
     threads: int | None = None  # None: every core the worker was given
     unstable_iqr: float = 0.10  # IQR / median above which a variant is flagged unstable
     parity_atol: float | None = None  # None: by model dtype (tasks/parity.py ATOL)
+    repeats: int = 1  # fresh processes per variant, run in random interleaved order across the sweep
 
 
 @dataclass(frozen=True)

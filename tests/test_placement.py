@@ -44,7 +44,7 @@ def test_capacity_of_two_nodes_one_with_a_gpu():
 
 def test_a_node_without_the_bench_resource_adds_cpus_not_bench_slots():
     cap = capacity_of([node(4, 16 * GiB), node(32, 128 * GiB, bench=False)])
-    assert cap.cpus == 4  # threads are sized on the nodes that run benchmarks
+    assert cap.cpus == 4  # threads and a CPU benchmark's reservation are sized on the nodes that run benchmarks
     assert cap.total_cpus == 36 and cap.bench_slots == 1
     assert cap.memory == 128 * GiB  # an export may still run on the big node
 
@@ -62,6 +62,7 @@ def test_no_bench_node_names_cluster_address(nodes):
         capacity_of(nodes, "ray://head:10001")
     text = str(err.value)
     assert "cluster.address='ray://head:10001'" in text and BENCH_RESOURCE in text and "scripts/cluster.sh" in text
+    assert "head [NODE_IP] --bench" in text  # the head offers no bench slot unless asked
 
 
 def test_limits_never_drop_to_zero():
@@ -83,10 +84,23 @@ def test_cpu_benchmarks_take_a_whole_node():
     assert req.pool == "bench_cpu"
     assert req.options == {"max_retries": 1, "num_cpus": 2, "resources": {BENCH_RESOURCE: 1}}
     assert bench_threads(CAP, "cpu", 1) == 1
+
+
+def test_a_one_thread_cpu_benchmark_still_reserves_the_whole_node():
+    """No export runs on the other cores beside a 1-thread benchmark: it asks Ray for every
+    CPU of the smallest bench node (and pins itself to one core of them, tasks/machine.py)."""
     one = bench_request(CAP, "cpu", 1, {}, 0, 1.5, 0)
-    assert one.options["num_cpus"] == 1 and one.options["resources"] == {BENCH_RESOURCE: 1}  # still the node's slot
+    assert one.pool == "bench_cpu"
+    assert one.options == {"max_retries": 0, "num_cpus": 2, "resources": {BENCH_RESOURCE: 1}}
+    big = Capacity(cpus=16, total_cpus=48, bench_slots=3, gpus=0, memory=64 * GiB)
+    for threads in (1, 4, 16):
+        assert bench_request(big, "cpu", threads, {}, 0, 1.5, 1).options["num_cpus"] == 16
+
+
+def test_more_threads_than_a_bench_node_has_cpus_is_a_config_error():
     with pytest.raises(ConfigError, match="bench.threads=8 exceeds the 2 CPUs of the smallest benchmark node"):
         bench_request(CAP, "cpu", 8, {}, 0, 1.5, 1)
+    assert bench_request(CAP, "cpu", 2, {}, 0, 1.5, 1).options["num_cpus"] == 2  # exactly a node is fine
 
 
 def test_cuda_benchmarks_take_one_gpu_not_the_bench_slot():

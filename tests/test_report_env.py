@@ -33,23 +33,30 @@ def test_peak_bandwidth_lookup_prefers_the_specific_name():
     assert peak_bandwidth_gbs("Some Future GPU") is None
 
 
-def test_decode_bandwidth_counts_weights_and_cache():
+def test_decode_bandwidth_counts_weights_rows_read_and_cache_traffic():
     feeds = {
-        "input_ids": np.zeros((1, 1), np.int64),
+        "input_ids": np.zeros((2, 1), np.int64),
         "cache_position": np.zeros((1,), np.int64),
-        "past_key_values.0.key": np.zeros((1, 2, 100, 16), np.float32),
-        "past_key_values.0.value": np.zeros((1, 2, 100, 16), np.float32),
+        "past_key_values.0.key": np.zeros((2, 2, 100, 16), np.float32),
+        "past_key_values.0.value": np.zeros((2, 2, 100, 16), np.float32),
     }
-    args = {"model_dtype": "float32", "parameters": 1_000_000, "feeds": feeds, "median_ms": 1.0}
+    cache = 2 * (2 * 2 * 100 * 16 * 4)  # key + value bytes
+    tied = {"parameters": 1_000_000, "embedding_parameters": 32_000, "hidden_size": 64, "tied_embeddings": 1}
+    args = {"model_dtype": "float32", "details": tied, "feeds": feeds, "median_ms": 1.0}
     out = decode.extra_metrics(**args, peak_gbs=4800.0)
-    assert out["decode_bytes_per_step"] == 4_000_000 + 2 * 100 * 2 * 16 * 4
+    # tied: the head reads the whole table, so every parameter once; the cache read by
+    # attention, then read and written again by the out-of-place update
+    assert out["decode_weight_bytes_per_step"] == 4_000_000
+    assert out["decode_cache_bytes_per_step"] == 3 * cache
+    assert out["decode_bytes_per_step"] == 4_000_000 + 3 * cache
     assert out["achieved_bandwidth_gbs"] == pytest.approx(out["decode_bytes_per_step"] / 1e-3 / 1e9)
-    assert out["peak_bandwidth_gbs"] == 4800.0
     assert out["bandwidth_fraction_of_peak"] == pytest.approx(out["achieved_bandwidth_gbs"] / 4800.0)
-    cpu = decode.extra_metrics(**args, peak_gbs=None)  # no peak known (the CPU): the achieved rate only
-    assert "bandwidth_fraction_of_peak" not in cpu and "peak_bandwidth_gbs" not in cpu
+    untied = decode.extra_metrics(**{**args, "details": {**tied, "tied_embeddings": 0}}, peak_gbs=None)
+    # untied: of the 32,000-parameter input table a step reads only its 2 rows of 64
+    assert untied["decode_weight_bytes_per_step"] == (1_000_000 - 32_000 + 2 * 64) * 4
+    assert "bandwidth_fraction_of_peak" not in untied and "peak_bandwidth_gbs" not in untied
     half = decode.extra_metrics(**{**args, "model_dtype": "bfloat16"}, peak_gbs=None)
-    assert half["decode_bytes_per_step"] == 2_000_000 + 2 * 100 * 2 * 16 * 4  # weights at 2 bytes each
+    assert half["decode_weight_bytes_per_step"] == 2_000_000  # weights at 2 bytes each
     assert phase_module("prefill").extra_metrics(**args, peak_gbs=4800.0) == {}
 
 
