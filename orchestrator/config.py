@@ -9,6 +9,7 @@ key, the value and what is allowed. Identical errors of many jobs are reported o
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ class ModelCfg:
     attention: str = "sdpa"
 
     def check(self) -> None:
+        safe_name("model.name", self.name)
         choice("model.family", self.family, FAMILIES)
         choice("model.size", self.size, self.sizes)
         choice("model.dtype", self.dtype, DTYPES)
@@ -80,12 +82,25 @@ class BackendCfg:
     options: dict[str, Any] = field(default_factory=dict)  # typed by the runtime's Options
 
     def check(self) -> None:
+        safe_name("backend.name", self.name)
         for d in self.devices:
             choice("backend.devices[]", d, DEVICES)
         self.runtime = self.runtime or self.name
         fmt, rt = format_module(self.export_format), runtime_module(self.runtime)
         self.export_options = typed("backend.export_options", fmt.Options, self.export_options)
         self.options = typed("backend.options", rt.Options, self.options)
+
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}")
+
+
+def safe_name(key: str, value: str) -> None:
+    """Names reach run names and file paths: letters, digits, `_ . -`, at most 48, no `..`."""
+    if not isinstance(value, str) or not NAME.fullmatch(value) or ".." in value:
+        raise ConfigError(
+            f"{key}={value!r} is not a usable name: use 1 to 48 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit (it becomes part of run names and file paths)"
+        )
 
 
 def typed(key: str, schema: type, values: Any) -> dict[str, Any]:

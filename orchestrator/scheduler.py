@@ -134,6 +134,15 @@ class Scheduler:
     def _in_use(self, pool: str) -> int:
         return sum(1 for t in self.running.values() if t.request.pool == pool)
 
+    def _fits(self, task: _Task) -> bool:
+        """Its pool has room, and the CPUs running tasks hold leave enough for it (a CPU
+        benchmark holds its whole node: an export queued meanwhile waits here, unstarted,
+        rather than in Ray with its clock running)."""
+        if self._in_use(task.request.pool) >= self.capacity.limits[task.request.pool]:
+            return False
+        held = sum(t.request.options.get("num_cpus", 1) for t in self.running.values())
+        return held + task.request.options.get("num_cpus", 1) <= max(self.capacity.total_cpus, 1)
+
     def _start_queued(self) -> None:
         """Hand Ray only what can start now: a queued task's clock has not started.
         Exports start in order; benchmarks in random order."""
@@ -141,7 +150,7 @@ class Scheduler:
         benches = [t for t in self.queue if t.kind != "export"]
         self.rng.shuffle(benches)
         for task in exports + benches:
-            if self._in_use(task.request.pool) >= self.capacity.limits[task.request.pool]:
+            if not self._fits(task):
                 continue
             fn = self._export if task.kind == "export" else self._bench
             task.ref = fn.options(**task.request.options).remote(task.spec)

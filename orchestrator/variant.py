@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from functools import cached_property, lru_cache
+from functools import cache, cached_property, lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from tasks.specs import DTYPE_BYTES, BenchOptions, ModelSpec, PhaseSpec
 TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks"
 
 
+@cache
 def _version(dist: str) -> str:
     try:
         return metadata.version(dist)

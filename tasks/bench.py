@@ -283,6 +283,7 @@ def bench_metrics(m: Measurement, opts: BenchOptions) -> dict[str, float]:
 
 # metrics that follow from the pooled median rather than from any one process
 _PER_MEDIAN = ("tokens_per_s", "achieved_bandwidth_gbs", "bandwidth_fraction_of_peak")
+_WORST = ("shared_cores", "other_cpu_fraction", "hit_time_cap", "compile_recompiles", "parity_cache_max_abs_diff")
 
 
 def pool_repeats(results: list[BenchResult], opts: BenchOptions) -> BenchResult:
@@ -297,6 +298,9 @@ def pool_repeats(results: list[BenchResult], opts: BenchOptions) -> BenchResult:
     pooled = [s for r in results for s in r.samples_ns]
     medians = [r.metrics["latency_ms_median"] for r in results]
     metrics = {k: float(np.median([r.metrics[k] for r in results if k in r.metrics])) for k in first.metrics}
+    for key in _WORST:  # a flag any process raised stays raised
+        if key in metrics:
+            metrics[key] = max(r.metrics.get(key, 0.0) for r in results)
     for key in [k for k in metrics if k.startswith(("latency_", "outliers", "iterations"))]:
         del metrics[key]
     stats = summarize(pooled)

@@ -212,3 +212,26 @@ def test_unstable_is_judged_on_the_iqr_not_the_cv():
     wide = summarize((rng.lognormal(0, 0.3, 5000) * 1e6).astype(int).tolist())
     assert wide["latency_iqr_rel"] > 0.10 and is_unstable(wide, opts)
     assert is_unstable(calm, BenchOptions(unstable_iqr=0.01))
+
+
+def test_repeats_pool_samples_rescale_rates_and_keep_raised_flags():
+    from tasks.bench import pool_repeats
+    from tasks.specs import BenchResult
+
+    def process(median_ns: int, shared: float, pid: int) -> BenchResult:
+        samples = [median_ns] * 50
+        metrics = {**summarize(samples), "tokens_per_s": 1e9 / median_ns, "load_seconds": pid / 10}
+        metrics.update(shared_cores=shared, parity_max_abs_diff=1e-6 * pid)
+        return BenchResult("v", True, metrics, {"pid": pid}, {"steps": 1}, samples)
+
+    opts = BenchOptions()
+    pooled = pool_repeats([process(1_000_000, 0.0, 1), process(1_200_000, 1.0, 2), process(1_100_000, 0.0, 3)], opts)
+    assert pooled.ok and len(pooled.samples_ns) == 150 and pooled.metrics["repeats"] == 3
+    assert pooled.metrics["latency_ms_median"] == pytest.approx(1.1)
+    assert pooled.metrics["latency_repeat_spread"] == pytest.approx(0.2 / 1.1)
+    assert pooled.metrics["tokens_per_s"] == pytest.approx(1e3 / 1.1)  # from the pooled median
+    assert pooled.metrics["load_seconds"] == pytest.approx(0.2)  # the median process
+    assert pooled.metrics["shared_cores"] == 1.0 and pooled.metrics["parity_max_abs_diff"] == pytest.approx(3e-6)
+    assert pooled.params["pid"] == "1,2,3"
+    failed = BenchResult("v", False)
+    assert pool_repeats([process(1_000_000, 0.0, 1), failed], opts) is failed

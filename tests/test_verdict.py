@@ -1,0 +1,158 @@
+"""The regression verdict end to end, on a slowdown of known size: three real sweeps of the
+test-only `spin` backend (tests/spin_backend/: eager plus a busy-wait of spin_us in every
+timed call) into one MLflow store, compared by `orchestrator.compare.main`.
+
+    baseline   spin_us=0      \
+    rerun      spin_us=0       > the same variant name, llama_decode_spin_cpu
+    candidate  spin_us=300    /
+
+- baseline vs rerun: nothing changed, so never `slower` (exit 0);
+- baseline vs candidate: `slower` (exit 1), the ratio of medians what 300 us on top of the
+  baseline's own median predicts, its bootstrap interval wholly above 1 + min_effect.
+
+The sweeps run in this process (configs composed with Hydra's compose API, run_sweep called
+directly; each starts and stops a local Ray) and share the session's export cache, so the
+decode export (format `none`, the same entry eager uses) is made at most once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CONF, SHAPE_OVERRIDES
+
+pytestmark = pytest.mark.slow
+SPIN = Path(__file__).resolve().parent / "spin_backend"
+VARIANT = "llama_decode_spin_cpu"
+SPIN_US = 300
+MIN_EFFECT = 0.05  # compare's default, passed explicitly so the assertions below say what they rely on
+# Enough samples for a tight interval, bounded in time: ~0.5-1 s of timing per sweep.
+BENCH = [
+    "bench.threads=1",
+    "bench.warmup_iters=5",
+    "bench.warmup_max_seconds=0.5",
+    "bench.min_iters=200",
+    "bench.min_seconds=0.5",
+    "bench.max_seconds=3",
+    "bench.target_ci=0.02",
+    "bench.repeats=1",
+]
+
+
+def compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("sweep", overrides=overrides)
+
+
+def sweep(name: str, spin_us: int, common: list[str], out: Path) -> str:
+    """One sweep of the spin variant; returns its sweep (parent) run id."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.run import run_sweep
+
+    overrides = [*common, f"backend.options.spin_us={spin_us}"]
+    outcomes = run_sweep([compose(overrides)], [overrides], out / name, f"pytest test_verdict: {name}")
+    (outcome,) = outcomes.values()
+    assert outcome.name == VARIANT and outcome.status == "ok", (outcome.stage, outcome.error)
+    uri = next(o for o in common if o.startswith("tracking.uri=")).removeprefix("tracking.uri=")
+    return MlflowClient(tracking_uri=uri).get_run(outcome.run_id).data.tags["mlflow.parentRunId"]
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory, mlflow_db, cache_override):
+    """The three sweeps, once: {"uri", "client", "baseline", "rerun", "candidate"} (parent run ids)."""
+    from mlflow.tracking import MlflowClient
+
+    folder = tmp_path_factory.mktemp("verdict")
+    uri = mlflow_db(folder)
+    common = [
+        "model=llama",
+        "phase=decode",
+        "backend=spin",
+        f"hydra.searchpath=[file://{SPIN / 'conf'}]",
+        *SHAPE_OVERRIDES,
+        *BENCH,
+        cache_override,
+        f"tracking.uri={uri}",
+        f"tracking.artifact_root={folder / 'mlartifacts'}",
+    ]
+    with pytest.MonkeyPatch.context() as mp:
+        # spin_runtime is imported by name here (planning), on Ray's workers and in the
+        # benchmark processes they spawn: on sys.path and PYTHONPATH before Ray starts
+        mp.syspath_prepend(str(SPIN))
+        path = [str(SPIN), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)), str(CONF.parent)]
+        mp.setenv("PYTHONPATH", os.pathsep.join(path))
+        ids = {name: sweep(name, us, common, folder) for name, us in (("baseline", 0), ("rerun", 0), ("candidate", SPIN_US))}
+    sys.modules.pop("spin_runtime", None)
+    return {"uri": uri, "client": MlflowClient(tracking_uri=uri), **ids}
+
+
+def compare(sweeps, baseline: str, candidate: str, capsys) -> tuple[int, dict, str]:
+    """compare.main on two of the sweeps: (exit status, the spin variant's row of the
+    compare.json logged on the candidate's sweep run, the printed table)."""
+    from orchestrator.compare import main
+
+    code = main([sweeps[baseline], sweeps[candidate], "--uri", sweeps["uri"], "--min-effect", str(MIN_EFFECT)])
+    printed = capsys.readouterr().out
+    client = sweeps["client"]
+    report = json.loads(Path(client.download_artifacts(sweeps[candidate], "compare.json")).read_text())
+    assert report["baseline"] == sweeps[baseline] and report["candidate"] == sweeps[candidate]
+    assert client.get_run(sweeps[candidate]).data.tags["compare.baseline"] == sweeps[baseline]
+    (row,) = report["variants"]
+    assert row["variant"] == VARIANT and row["variant"] in printed
+    assert not report["only_in_baseline"] and not report["only_in_candidate"]
+    return code, row, printed
+
+
+def test_an_identical_rerun_is_never_slower(sweeps, capsys):
+    code, row, printed = compare(sweeps, "baseline", "rerun", capsys)
+    print(
+        f"\nidentical rerun: {row['median_baseline_ms']:.4f} -> {row['median_candidate_ms']:.4f} ms, "
+        f"ratio {row['ratio']:.3f} [{row['ratio_ci_low']:.3f}, {row['ratio_ci_high']:.3f}], "
+        f"p_holm {row['p_holm']:.2g}: {row['verdict']}"
+    )
+    assert code == 0, printed
+    assert row["verdict"] in ("same", "inconclusive"), row
+
+
+def test_a_known_slowdown_is_slower_by_its_size(sweeps, capsys):
+    code, row, printed = compare(sweeps, "baseline", "candidate", capsys)
+    base_ms = row["median_baseline_ms"]
+    expected = (base_ms + SPIN_US / 1000) / base_ms  # from the baseline's own median
+    print(
+        f"\nspin {SPIN_US} us: {base_ms:.4f} -> {row['median_candidate_ms']:.4f} ms, ratio {row['ratio']:.3f} "
+        f"[{row['ratio_ci_low']:.3f}, {row['ratio_ci_high']:.3f}] (expected {expected:.3f}), "
+        f"p_holm {row['p_holm']:.2g}: {row['verdict']}"
+    )
+    assert code == 1, printed
+    assert row["verdict"] == "slower" and "1 slower" in printed
+    assert row["ratio"] == pytest.approx(expected, rel=0.15)
+    assert row["ratio_ci_low"] > 1 + MIN_EFFECT and row["ratio_ci_low"] <= row["ratio"] <= row["ratio_ci_high"]
+    assert row["n_baseline"] >= 200 and row["n_candidate"] >= 200
+
+
+def test_the_sweeps_measured_what_they_were_given(sweeps):
+    """The spin is in the candidate's runtime params and its median, and only the first sweep
+    may have exported (the others found the entry in the shared cache)."""
+    client = sweeps["client"]
+    runs = {}
+    for name in ("baseline", "rerun", "candidate"):
+        parent = client.get_run(sweeps[name])
+        exp = parent.info.experiment_id
+        (child,) = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{sweeps[name]}'")
+        runs[name] = child
+    for name, run in runs.items():
+        assert run.info.run_name == VARIANT and run.data.tags["parity"] == "passed"
+        assert run.data.params["runtime.spin_us"] == str(SPIN_US if name == "candidate" else 0)
+        assert run.data.params["bench.threads"] == "1"
+    assert runs["rerun"].data.tags["export_cache_hit"] == "True"
+    assert runs["candidate"].data.tags["export_cache_hit"] == "True"
+    base = runs["baseline"].data.metrics["latency_ms_median"]
+    assert runs["candidate"].data.metrics["latency_ms_median"] >= base + 0.9 * SPIN_US / 1000
