@@ -13,6 +13,10 @@ For every variant (child run that ended ok, matched by run name) of both sweeps,
     same          the whole interval lies within [1 - min_effect, 1 + min_effect]
     inconclusive  anything else: measure more, or accept a coarser min_effect
 
+A variant measured on shared cores on either side (metric shared_cores) is judged with a
+minimum effect of at least 50%: its interval describes the noise within each run, not a
+load that came or went between the two sweeps.
+
 The table is printed and logged on the candidate's sweep run (compare.txt, compare.json, tag
 compare.baseline). Exit status: 1 when any variant is slower, 0 otherwise, 2 on usage errors
 (for example fewer than two sweeps to compare).
@@ -37,6 +41,10 @@ from orchestrator.tracking import resolve_uri
 
 SAMPLES = "latency_samples.json"
 VERDICTS = ("slower", "faster", "same", "inconclusive")
+# the minimum effect for a variant measured on shared cores (other processes took >5% of its
+# cores' time during the timed window, tasks/machine.py): within-run noise says nothing of a
+# load that came or went between the two sweeps
+SHARED_MIN_EFFECT = 0.5
 
 
 class UsageError(Exception):
@@ -146,9 +154,14 @@ def compare_sweeps(
     alpha: float = 0.05,
     resamples: int = 2000,
     seed: int = 0,
+    shared: set[str] | frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """{variant: samples} of two sweeps -> per-variant comparisons (Holm across the variants in
-    both, `p_holm` and the final `verdict`) and the variants only one sweep has."""
+    both, `p_holm` and the final `verdict`) and the variants only one sweep has.
+
+    A variant measured on shared cores on either side (`shared`) is judged with a minimum
+    effect of at least SHARED_MIN_EFFECT: the interval of each run describes the noise within
+    that run, not a load that came or went between the two, so only a large change is called."""
     common = sorted(set(baseline) & set(candidate))
     results = [
         {"variant": name, **compare_samples(baseline[name], candidate[name], min_effect, alpha, resamples, seed)}
@@ -156,7 +169,9 @@ def compare_sweeps(
     ]
     for r, p in zip(results, holm([r["p_value"] for r in results]), strict=True):
         r["p_holm"] = p
-        r["verdict"] = verdict(r["ratio_ci_low"], r["ratio_ci_high"], p, min_effect, alpha)
+        r["shared_cores"] = r["variant"] in shared
+        effect = max(min_effect, SHARED_MIN_EFFECT) if r["shared_cores"] else min_effect
+        r["verdict"] = verdict(r["ratio_ci_low"], r["ratio_ci_high"], p, effect, alpha)
     return {
         "min_effect": min_effect,
         "alpha": alpha,
@@ -177,7 +192,7 @@ def compare_rows(report: dict[str, Any]) -> list[dict[str, str]]:
             "ratio": f"{r['ratio']:.3f}",
             "ratio_95ci": f"[{r['ratio_ci_low']:.3f}, {r['ratio_ci_high']:.3f}]",
             "p_holm": f"{r['p_holm']:.2g}",
-            "verdict": r["verdict"],
+            "verdict": r["verdict"] + (" (shared cores)" if r.get("shared_cores") else ""),
         }
         for r in report["variants"]
     ]
@@ -236,9 +251,19 @@ def resolve_sweep(client: Any, ref: str) -> str:
     return found[0]
 
 
-def sweep_samples(client: Any, parent_run_id: str, dst: Path) -> tuple[dict[str, np.ndarray], list[str]]:
-    """{variant name: samples in ns} of one sweep's child runs that ended ok, and the names of
-    those without a readable samples artifact."""
+def _reused_runs(client: Any, parent_run_id: str, dst: Path) -> list[Any]:
+    """The earlier runs a resumed sweep reused (its parent's reused.json: name -> run id)."""
+    try:
+        local = client.download_artifacts(parent_run_id, "reused.json", str(dst / parent_run_id))
+    except Exception:
+        return []
+    return [client.get_run(run_id) for run_id in json.loads(Path(local).read_text()).values()]
+
+
+def sweep_samples(client: Any, parent_run_id: str, dst: Path) -> tuple[dict[str, np.ndarray], list[str], set[str]]:
+    """{variant name: samples in ns} of one sweep's variants that ended ok (its child runs and
+    the earlier runs it reused), the names of those without a readable samples artifact, and
+    the names of those measured on shared cores (other processes took their cores' time)."""
     parent = client.get_run(parent_run_id)
     runs = client.search_runs(
         [parent.info.experiment_id],
@@ -246,8 +271,10 @@ def sweep_samples(client: Any, parent_run_id: str, dst: Path) -> tuple[dict[str,
         order_by=["attributes.start_time DESC"],
         max_results=10_000,
     )
+    runs = list(runs) + _reused_runs(client, parent_run_id, dst)
     samples: dict[str, np.ndarray] = {}
     missing = []
+    shared = {r.info.run_name for r in runs if r.data.metrics.get("shared_cores", 0.0) >= 1}
     for run in runs:  # newest first: a variant recorded twice counts by its latest run
         name = run.info.run_name
         if name in samples or name in missing:
@@ -260,7 +287,7 @@ def sweep_samples(client: Any, parent_run_id: str, dst: Path) -> tuple[dict[str,
             samples[name] = np.asarray(data["samples"], dtype=np.int64)
         except Exception:
             missing.append(name)
-    return samples, sorted(missing)
+    return samples, sorted(missing), shared
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -296,13 +323,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if base_id == cand_id:
             raise UsageError(f"baseline and candidate are the same sweep ({base_id})")
         with tempfile.TemporaryDirectory(prefix="phasesweep-compare-") as tmp:
-            base, base_missing = sweep_samples(client, base_id, Path(tmp))
-            cand, cand_missing = sweep_samples(client, cand_id, Path(tmp))
+            base, base_missing, base_shared = sweep_samples(client, base_id, Path(tmp))
+            cand, cand_missing, cand_shared = sweep_samples(client, cand_id, Path(tmp))
     except UsageError as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
 
-    report = compare_sweeps(base, cand, args.min_effect, args.alpha, args.resamples)
+    report = compare_sweeps(base, cand, args.min_effect, args.alpha, args.resamples, shared=base_shared | cand_shared)
     report.update(
         baseline=base_id, candidate=cand_id, without_samples={"baseline": base_missing, "candidate": cand_missing}
     )

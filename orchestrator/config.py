@@ -136,6 +136,7 @@ class TrackingCfg:
     artifact_root: str | None = None
     experiment: str = "phasesweep"
     max_model_mb: float | None = None  # larger exported models are not copied into MLflow
+    resume: bool = True  # reuse variants that already ended ok with the same bench key; false: measure again
 
     def check(self) -> None:
         at_least("tracking.max_model_mb", self.max_model_mb, 0, optional=True)

@@ -2,12 +2,14 @@
 
 A bad config ends the process with one line naming the key, the value and the choices; a
 sweep with failed variants ends it with status 1 and the names of the failed ones, after
-every variant is recorded and summarised. Hydra's traceback of a job is never the message.
+every variant is recorded and summarised. Ctrl-C ends it with status 130, SIGTERM with 143,
+each with one line, after every open run is closed. Hydra's traceback is never the message.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -15,6 +17,15 @@ from omegaconf import DictConfig
 
 from orchestrator.config import ConfigError
 from orchestrator.outcome import Outcome, Status
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the driver's main thread: unwinds like Ctrl-C, so every exit path
+    closes what it opened."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 def run_or_exit(
@@ -26,10 +37,19 @@ def run_or_exit(
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     from orchestrator.run import run_sweep  # the driver loads when a run starts: sweep.py --help stays fast
 
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         outcomes = run_sweep(configs, overrides, out_dir, command, dry_run=dry_run)
     except ConfigError as e:
         sys.exit(f"phasesweep: {e}")
+    except KeyboardInterrupt:  # every open run is closed KILLED by now, Ray is shut down
+        print("phasesweep: interrupted (SIGINT); open runs closed as KILLED, finished ones kept", file=sys.stderr)
+        sys.exit(130)
+    except Terminated:
+        print("phasesweep: terminated (SIGTERM); open runs closed as KILLED, finished ones kept", file=sys.stderr)
+        sys.exit(143)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     failed = sorted({o.name for o in outcomes.values() if o.status == Status.FAILED})
     if failed:
         sys.exit(f"phasesweep: {len(failed)} variant(s) failed: {', '.join(failed)}")

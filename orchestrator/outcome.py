@@ -34,6 +34,8 @@ class Outcome:
     stage: str | None = None
     error: str | None = None
     unstable: bool = False
+    reused_from: str | None = None  # the earlier sweep's run this variant's result comes from
+    retries: list[str] = field(default_factory=list)  # why each retry happened
 
     @property
     def ended(self) -> bool:

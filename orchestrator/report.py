@@ -35,7 +35,8 @@ def _fmt(value: float | None, spec: str) -> str:
 def status_text(o: Outcome) -> str:
     if o.status == Status.OK:
         spread = o.metrics.get("latency_iqr_rel", 0.0)
-        return f"ok, unstable (iqr {spread:.0%})" if o.unstable else "ok"
+        text = f"ok, unstable (iqr {spread:.0%})" if o.unstable else "ok"
+        return text + (f", reused from run {o.reused_from[:8]}" if o.reused_from else "")
     if o.status == Status.FAILED:
         return f"FAILED {o.stage}: {fold(o.error or '')}"
     if o.status in (Status.SKIPPED, Status.ABORTED):

@@ -3,7 +3,10 @@ benchmark -> record. `run_sweep` reads top to bottom as one grid point's life.""
 
 from __future__ import annotations
 
+import json
+import os
 import platform
+import socket
 import subprocess
 import time
 from datetime import datetime
@@ -21,6 +24,9 @@ from orchestrator.tracking import Tracker, ui_command
 from orchestrator.variant import Variant
 from tasks.bench import pool_repeats
 from tasks.specs import BenchResult, ExportResult, Failure
+
+HEARTBEAT_S = 30.0  # how often the sweep's run is told its driver is alive
+HEARTBEAT_TIMEOUT_S = 600.0  # a run whose driver (on another host) was silent this long is closed
 
 
 def _git_commit() -> str:
@@ -50,13 +56,24 @@ class SweepRun:
         self.outcomes: dict[str, Outcome] = {}
         self.parent: str | None = None
         self.repeats: dict[str, list[BenchResult]] = {}  # variant -> results of its processes so far
+        # who owns the open runs: a later sweep closes them if this driver dies
+        self.driver = {"driver.host": socket.gethostname(), "driver.pid": str(os.getpid())}
 
     # -- planned ----------------------------------------------------------------------
     def _tags(self, v: Variant) -> dict[str, str]:
-        return {**_axes(v), "git_commit": self.commit, "overrides": " ".join(v.overrides)}
+        return {**_axes(v), "git_commit": self.commit, "overrides": " ".join(v.overrides), **self.driver}
+
+    def close_orphans(self) -> None:
+        """Runs a dead driver left RUNNING (kill -9, a lost node) end KILLED with the reason."""
+        for run, why in self.tracker.orphans(HEARTBEAT_TIMEOUT_S):
+            self.tracker.log(run.info.run_id, tags={"status": Status.ABORTED, "error": f"closed by a later sweep: {why}"})
+            self.tracker.end(run.info.run_id, "KILLED")
+            say(f"  closed    {run.info.run_name}: left RUNNING, {why}")
 
     def record_plan(self, command: str) -> None:
         self.commit = _git_commit()
+        self.close_orphans()
+        earlier = self.tracker.finished_ok() if self.plan.point.tracking.resume else {}
         stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         self.parent = self.tracker.start_sweep(
             f"sweep_{stamp}",
@@ -67,10 +84,22 @@ class SweepRun:
                 "exports": len(self.plan.exports),
                 "bench_order_seed": self.sched.seed,
             },
-            tags={"git_commit": self.commit, "host": platform.node(), "out_dir": str(self.out_dir)},
+            tags={
+                "git_commit": self.commit,
+                "host": platform.node(),
+                "out_dir": str(self.out_dir),
+                **self.driver,
+                "driver.heartbeat": f"{time.time():.0f}",
+            },
         )
+        self.beat = time.monotonic()
+        reused = {}
         for pv in self.plan.variants:
             v = pv.variant
+            if v.bench_key in earlier:  # measured ok before with exactly this work: linked, not redone
+                self.reuse(pv.name, v, earlier[v.bench_key])
+                reused[pv.name] = earlier[v.bench_key].info.run_id
+                continue
             tags = {**self._tags(v), "status": Status.PLANNED, "export_key": v.export_key, "bench_key": v.bench_key}
             run_id = self.tracker.start_variant(self.parent, pv.name, tags, v.params, _config_yaml(pv.config))
             self.outcomes[pv.name] = Outcome(pv.name, run_id=run_id, axes=_axes(v))
@@ -79,6 +108,33 @@ class SweepRun:
             run_id = self.tracker.start_variant(self.parent, s.name, tags, s.variant.params, _config_yaml(s.config))
             self.tracker.end(run_id, "FINISHED")
             self.outcomes[s.key] = Outcome(s.name, Status.SKIPPED, run_id, _axes(s.variant), error=s.reason)
+        if reused:
+            self.tracker.log(self.parent, params={"reused": len(reused)})
+            self.tracker.log_dict(self.parent, reused, "reused.json")
+            say(f"  reused    {len(reused)} variant(s) already measured ok with the same bench key (tracking.resume)")
+
+    def reuse(self, name: str, v: Variant, run: Any) -> None:
+        o = Outcome(name, Status.OK, run.info.run_id, _axes(v), reused_from=run.info.run_id)
+        o.metrics = dict(run.data.metrics)
+        o.shapes = {k.removeprefix("shape."): json.loads(p) for k, p in run.data.params.items() if k.startswith("shape.")}
+        o.unstable = run.data.tags.get("unstable") == "True"
+        self.outcomes[name] = o
+
+    def heartbeat(self) -> None:
+        """The sweep's run says its driver is alive, so a later sweep elsewhere can tell."""
+        if time.monotonic() - self.beat >= HEARTBEAT_S:
+            self.tracker.log(self.parent, tags={"driver.heartbeat": f"{time.time():.0f}"})
+            self.beat = time.monotonic()
+
+    def on_retry(self, key: str, cause: str) -> None:
+        """A task whose process died runs again: each affected variant records it."""
+        kind, _, name = key.partition(":")
+        names = self.plan.exports[name].variants if kind == "export" else (name.rsplit("#", 1)[0],)
+        for n in names:
+            o = self.outcomes[n]
+            o.retries.append(f"{kind}: {cause}")
+            self.tracker.log(o.run_id, metrics={"retries": len(o.retries)}, tags={"retry_causes": " | ".join(o.retries)})
+            say(f"  retry     {n}: {kind} {cause}")
 
     # -- export ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -251,7 +307,12 @@ def run_sweep(
         try:
             run.start()
             for kind, key, result in sched.results():
-                (run.on_export if kind == "export" else run.on_bench)(key, result)
+                if kind == "tick":
+                    run.heartbeat()
+                elif kind == "retry":
+                    run.on_retry(key, result)
+                else:
+                    (run.on_export if kind == "export" else run.on_bench)(key, result)
         except BaseException as e:
             run.abort(f"{type(e).__name__}: {e}")
             raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -48,16 +49,35 @@ def _import_ray_on_loopback():
     return ray
 
 
-def _export_entry(spec):
-    from tasks.jobs import export_job  # heavy imports happen on the worker
+def _export_entry(spec, timeout_s):
+    from tasks.jobs import export_in_fresh_process  # heavy imports happen in the worker's child
 
-    return export_job(spec)
+    return export_in_fresh_process(spec, timeout_s)
 
 
-def _bench_entry(spec):
+def _bench_entry(spec, timeout_s):
     from tasks.jobs import bench_in_fresh_process  # a process of its own, whatever the worker ran
 
-    return bench_in_fresh_process(spec)
+    return bench_in_fresh_process(spec, timeout_s)
+
+
+# Ray errors after which a task is run again (up to cluster.max_retries): its process or
+# node went away; anything else (a cancelled task, an error in our own entry) is final
+RETRIABLE = ("WorkerCrashedError", "NodeDiedError", "OutOfMemoryError", "ActorDiedError")
+# the driver's own clock is a backstop: the task's process enforces cluster.task_timeout_s
+# from its own start; this much more allows for a worker's start-up under load
+STARTUP_GRACE_S = 120.0
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def root_cause(e: BaseException) -> tuple[str, str]:
+    """(one line naming the root cause, the full text) of a Ray error: a task's own
+    exception rather than Ray's coloured worker header."""
+    cause = getattr(e, "cause", None) or e
+    text = ANSI.sub("", str(cause)).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    first = lines[-1] if cause is not e and lines else (lines[0] if lines else "")
+    return f"{type(cause).__name__}: {first}"[:500], ANSI.sub("", str(e))
 
 
 @dataclass
@@ -68,6 +88,7 @@ class _Task:
     request: Request
     ref: Any = None
     started: float = 0.0
+    attempts: int = 0
 
 
 class Scheduler:
@@ -153,13 +174,17 @@ class Scheduler:
             if not self._fits(task):
                 continue
             fn = self._export if task.kind == "export" else self._bench
-            task.ref = fn.options(**task.request.options).remote(task.spec)
+            options = {**task.request.options, "max_retries": 0}  # retries are ours: counted and recorded
+            task.ref = fn.options(**options).remote(task.spec, self.cluster.task_timeout_s)
+            task.attempts += 1
             task.started = time.monotonic()
             self.running[task.ref] = task
             self.queue.remove(task)
 
     def results(self) -> Iterator[tuple[str, str, Any]]:
-        """Yield (kind, key, result | Failure) as tasks end; more may be submitted meanwhile."""
+        """Yield (kind, key, result | Failure) as tasks end, and ("retry", key, cause) when
+        a task whose process died is run again; more may be submitted meanwhile. Yields
+        ("tick", "", None) about every second, so the caller can keep a heartbeat."""
         import ray
         from ray.exceptions import RayError
 
@@ -168,16 +193,25 @@ class Scheduler:
             ready, _ = ray.wait(list(self.running), num_returns=1, timeout=1.0)
             for ref in ready:
                 task = self.running.pop(ref)
+                stage = "export" if task.kind == "export" else "benchmark"
                 try:
-                    yield task.kind, task.key, ray.get(ref)
+                    result = ray.get(ref)
                 except RayError as e:  # the worker died, ran out of memory, or was cancelled
-                    stage = "export" if task.kind == "export" else "benchmark"
-                    yield task.kind, task.key, Failure(stage, f"{type(e).__name__}: {str(e).splitlines()[0]}", str(e))
+                    cause, full = root_cause(e)
+                    if type(e).__name__ in RETRIABLE and task.attempts <= self.cluster.max_retries:
+                        self.queue.appendleft(task)
+                        yield "retry", f"{task.kind}:{task.key}", cause
+                        continue
+                    yield task.kind, task.key, Failure(stage, cause, full)
+                    continue
+                yield task.kind, task.key, result
             now = time.monotonic()
+            limit = self.cluster.task_timeout_s + STARTUP_GRACE_S
             for ref, task in list(self.running.items()):
-                if now - task.started > self.cluster.task_timeout_s:
+                if now - task.started > limit:
                     ray.cancel(ref, force=True)
                     del self.running[ref]
                     stage = "export" if task.kind == "export" else "benchmark"
-                    msg = f"timed out after {self.cluster.task_timeout_s:g}s (cluster.task_timeout_s)"
+                    msg = f"timed out: no result {limit:g}s after it was handed to Ray (cluster.task_timeout_s + start-up)"
                     yield task.kind, task.key, Failure(stage, msg)
+            yield "tick", "", None

@@ -8,11 +8,13 @@ mlflow is imported lazily so `python sweep.py --help` stays instant.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import TrackingCfg
+from orchestrator.config import ConfigError, TrackingCfg
 
 MAX_PARAMS, MAX_METRICS, MAX_TAG = 100, 1000, 5000  # MLflow's per-batch and per-value limits
 
@@ -27,21 +29,102 @@ def ui_command(uri: str) -> str:
     return f"mlflow ui --backend-store-uri {uri}"
 
 
+REACH_TIMEOUT_S = 10.0
+
+
+def check_reachable(uri: str) -> None:
+    """A tracking server must answer within seconds: a clear error naming the address,
+    rather than MLflow's minutes of retries and a traceback."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REACH_TIMEOUT_S).read()
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            return  # it answers; credentials are MLflow's business (MLFLOW_TRACKING_USERNAME/PASSWORD)
+        raise ConfigError(f"tracking.uri={uri!r}: the server answered {e.code} on /health") from None
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise ConfigError(
+            f"tracking.uri={uri!r} cannot be reached ({reason}); is the server running "
+            "(scripts/mlflow_server.sh) and the address right?"
+        ) from None
+
+
+def check_artifact_root(cfg: TrackingCfg) -> Path | None:
+    """The local folder new experiments keep artifacts in must be writable."""
+    if resolve_uri(cfg).startswith(("http://", "https://")):
+        return None
+    root = Path(cfg.artifact_root or Path.cwd() / "mlartifacts").expanduser().resolve()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".phasesweep-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"tracking.artifact_root={str(root)!r} is not a writable folder ({e.strerror or e})") from None
+    return root
+
+
 class Tracker:
     def __init__(self, cfg: TrackingCfg):
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # seconds, not minutes, when a server goes away
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
         from mlflow.tracking import MlflowClient
 
         self.uri = resolve_uri(cfg)
+        check_reachable(self.uri)
+        root = check_artifact_root(cfg)
         self.client = MlflowClient(tracking_uri=self.uri)
         exp = self.client.get_experiment_by_name(cfg.experiment)
         if exp is None:
-            location = None
-            if not self.uri.startswith(("http://", "https://")):
-                root = Path(cfg.artifact_root or Path.cwd() / "mlartifacts").expanduser().resolve()
-                location = root.as_uri()
+            location = root.as_uri() if root else None
             self.experiment_id = self.client.create_experiment(cfg.experiment, artifact_location=location)
         else:
             self.experiment_id = exp.experiment_id
+
+    # -- what earlier sweeps left ---------------------------------------------------------
+    def search(self, filter_string: str) -> list[Any]:
+        """Every run of the experiment matching the filter, all pages."""
+        runs, token = [], None
+        while True:
+            page = self.client.search_runs([self.experiment_id], filter_string, max_results=5000, page_token=token)
+            runs.extend(page)
+            token = page.token
+            if not token:
+                return runs
+
+    def finished_ok(self) -> dict[str, Any]:
+        """bench key -> the latest variant run that ended ok with it."""
+        found: dict[str, Any] = {}
+        runs = self.search("tags.`phasesweep.role` = 'variant' and tags.status = 'ok' and attributes.status = 'FINISHED'")
+        for run in sorted(runs, key=lambda r: r.info.start_time):
+            key = run.data.tags.get("bench_key")
+            if key:
+                found[key] = run
+        return found
+
+    def orphans(self, heartbeat_timeout_s: float) -> list[tuple[Any, str]]:
+        """Runs left RUNNING by a driver that is gone: (run, why). On this host a driver is
+        gone when its pid is; elsewhere when its sweep's heartbeat is older than the timeout."""
+        host, now = socket.gethostname(), time.time()
+        running = self.search("attributes.status = 'RUNNING'")
+        beats = {r.info.run_id: float(r.data.tags.get("driver.heartbeat", 0)) for r in running}
+        out = []
+        for run in running:
+            tags = run.data.tags
+            pid, where = tags.get("driver.pid"), tags.get("driver.host")
+            if not pid or not where:
+                continue
+            beat = beats.get(tags.get("mlflow.parentRunId", run.info.run_id), 0.0)
+            if where == host and pid.isdigit() and not _alive(int(pid)):
+                out.append((run, f"its driver (pid {pid} on {where}) is gone"))
+            elif where != host and beat and now - beat > heartbeat_timeout_s:
+                out.append((run, f"its driver on {where} sent no heartbeat for {now - beat:.0f}s"))
+        return out
 
     # -- low level -------------------------------------------------------------------
     def log(
@@ -97,3 +180,13 @@ class Tracker:
         self.log(run_id, tags={"status": "failed", "failure_stage": stage, "error": error})
         if traceback:
             self.log_text(run_id, traceback, "error.txt")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -6,21 +6,28 @@ a result whose `failure` names the stage and carries the traceback.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
 import shutil
+import signal
+import socket
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from tasks.specs import BenchResult, BenchSpec, ExportResult, ExportSpec, Failure
 
 META = "meta.json"
+MANIFEST = "manifest.json"  # written last: sizes and checksums of every file of the entry
+CHECKSUM_BYTES = 1 << 30  # larger files are verified by size only (hashing GBs at every hit costs seconds)
 INPUTS = "inputs.npz"  # the timed call's feeds, by graph input name
 PARITY = "parity.npz"  # step tokens and reference logits
 
@@ -44,18 +51,77 @@ def _result_from_meta(spec: ExportSpec, out: Path, cache_hit: bool) -> ExportRes
     )
 
 
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(entry: Path) -> None:
+    """Every file's size and checksum, written last: an entry without it is incomplete."""
+    files = sorted(p for p in entry.iterdir() if p.is_file() and p.name != MANIFEST)
+    manifest = {p.name: {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in files}
+    (entry / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def verify_entry(entry: Path) -> str | None:
+    """Why a cache entry cannot be trusted (missing, partial, corrupt), or None. Files up to
+    CHECKSUM_BYTES are checksummed, larger ones (external weights of big models) sized."""
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return "no readable manifest.json (an export that did not finish)"
+    for name, want in manifest.items():
+        path = entry / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            return f"{name} has {size} bytes, the manifest says {want['bytes']}"
+        if size <= CHECKSUM_BYTES and _digest(path) != want["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def _clean_dead_temporaries(parent: Path, name: str) -> None:
+    """Temporary folders of exports whose process is gone (killed, timed out) on this host."""
+    host = socket.gethostname()
+    for tmp in parent.glob(f".{name}.*"):
+        parts = tmp.name.split(".")  # "", name, host, pid, random
+        if len(parts) >= 5 and parts[-3] == host and parts[-2].isdigit() and not _alive(int(parts[-2])):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def export_job(spec: ExportSpec) -> ExportResult:
     """Build the model, generate the phase's inputs and reference, export the graph.
 
-    The cache entry is written in a temporary folder and renamed into place complete, so
-    an entry with meta.json is always whole and a rerun with the same key reuses it.
+    The cache entry is written in a temporary folder, sealed with a manifest of sizes and
+    checksums, and renamed into place complete. A rerun with the same key verifies the
+    entry and reuses it; a partial or corrupt entry is reported and rebuilt.
     """
     _RAN.append("export")
     out = Path(spec.out_dir)
-    if (out / META).is_file():
-        return _result_from_meta(spec, out, cache_hit=True)
+    rebuilt = None
+    if out.exists():
+        rebuilt = verify_entry(out)
+        if rebuilt is None:
+            return _result_from_meta(spec, out, cache_hit=True)
+        shutil.rmtree(out, ignore_errors=True)  # untrusted: rebuild it
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    _clean_dead_temporaries(out.parent, out.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{socket.gethostname()}.{os.getpid()}.", dir=out.parent))
     try:
         import torch
 
@@ -97,13 +163,17 @@ def export_job(spec: ExportSpec) -> ExportResult:
             },
         }
         (tmp / META).write_text(json.dumps(meta, indent=1))
+        write_manifest(tmp)
         del model, graph, data
         _release_memory()  # the worker lives on: give a large model's memory back to the OS
         try:
             tmp.rename(out)
         except OSError:  # another worker filled the same entry first: keep theirs
             shutil.rmtree(tmp, ignore_errors=True)
-        return _result_from_meta(spec, out, cache_hit=False)
+        result = _result_from_meta(spec, out, cache_hit=False)
+        if rebuilt:
+            result.details["cache_rebuilt"] = rebuilt
+        return result
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         return ExportResult(key=spec.key, out_dir=str(out), ok=False, failure=_failure("export", exc))
@@ -167,21 +237,66 @@ def _die_with_parent() -> None:
         pass
 
 
-def bench_in_fresh_process(spec: BenchSpec) -> BenchResult:
-    """bench_job in a new process (spawned: nothing inherited) that runs nothing else.
+def _child_main(conn: Any, fn: Callable[[Any], Any], spec: Any) -> None:
+    _die_with_parent()
+    conn.send(fn(spec))  # the jobs return failures as results; they do not raise
+    conn.close()
 
-    A Ray worker that ran an export may be handed a benchmark next; running the benchmark in
-    a child of its own keeps its memory, threads and caches its own."""
+
+def _death(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with status {exitcode} before returning a result"
+
+
+def in_fresh_process(fn: Callable[[Any], Any], spec: Any, timeout_s: float | None, stage: str) -> Any:
+    """fn(spec) in a process spawned for it alone (nothing inherited, nothing run before).
+
+    - a process of its own: a Ray worker that ran an export may be handed a benchmark next;
+      in a child of its own the benchmark's memory, threads and caches are its own;
+    - its own clock: `timeout_s` counts from the child's start, not the worker's start-up;
+    - a crash is data: a segfault, os._exit or the OOM killer becomes a failed result that
+      says how the process ended."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
 
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_die_with_parent) as pool:
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child_main, args=(send, fn, spec), name=f"phasesweep-{stage}")
+    child.start()
+    send.close()
+    try:
+        if not receive.poll(timeout_s):
+            child.kill()
+            return _failed(spec, Failure(stage, f"timed out after {timeout_s:g}s of its own run (cluster.task_timeout_s)"))
         try:
-            return pool.submit(bench_job, spec).result()
-        except BrokenProcessPool as e:  # the child died: a segfault, os._exit, the OOM killer
-            return BenchResult(spec.variant, ok=False, failure=Failure("benchmark", f"benchmark process died: {e}"))
+            return receive.recv()
+        except EOFError:
+            child.join(5)
+            return _failed(spec, Failure(stage, f"the {stage} process died: {_death(child.exitcode)}"))
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join(5)
+        receive.close()
+
+
+def _failed(spec: Any, failure: Failure) -> ExportResult | BenchResult:
+    if isinstance(spec, ExportSpec):
+        return ExportResult(key=spec.key, out_dir=spec.out_dir, ok=False, failure=failure)
+    return BenchResult(spec.variant, ok=False, failure=failure)
+
+
+def bench_in_fresh_process(spec: BenchSpec, timeout_s: float | None = None) -> BenchResult:
+    """bench_job in a process of its own (see in_fresh_process)."""
+    return in_fresh_process(bench_job, spec, timeout_s, "benchmark")
+
+
+def export_in_fresh_process(spec: ExportSpec, timeout_s: float | None = None) -> ExportResult:
+    """export_job in a process of its own: a crashing exporter fails its entry, not the worker."""
+    return in_fresh_process(export_job, spec, timeout_s, "export")
 
 
 def bench_job(spec: BenchSpec) -> BenchResult:
@@ -234,8 +349,8 @@ def bench_job(spec: BenchSpec) -> BenchResult:
             worst = int(np.argmax(par["per_step_max_abs_diff"]))
             result.failure = Failure(
                 "parity",
-                f"logits differ from eager by {par['max_abs_diff']:.3g} (atol {par['atol']:g}), top-1 agreement "
-                f"{par['top1_agreement']:.0%} (worst at step {worst + 1} of {par['steps']})",
+                f"logits differ from eager by {par['max_abs_diff']:.3g} (atol {par['atol']:g}), top-1 within "
+                f"tolerance {par['top1_within_tolerance']:.0%} (worst at step {worst + 1} of {par['steps']})",
             )
             return result
 

@@ -7,7 +7,8 @@
   small shapes), validated and planned exactly as a sweep plans it;
 - one export cache for the whole test session (`export_cache`): `exported(...)` and
   `planned_variant(...)` fill it through the planner, so a sweep given `cluster.export_cache=`
-  that folder (`cache_override`) finds the same entries, and each export is made once.
+  that folder (`cache_override`) finds the same entries, and each export is made once
+  (`planned_variant.prefetch(...)` shares a module's exports with a background process).
 - `mlflow_db(folder)`: an MLflow sqlite store whose tables are already created (MLflow's
   migrations take seconds; they run once a session).
 """
@@ -117,22 +118,51 @@ def cache_override(export_cache) -> str:
 def planned_variant(cache_override):
     """`planned_variant(*overrides)` -> (ExportResult, BenchSpec): one shrunk grid point,
     planned as a sweep plans it, its export made in the session's export cache (once a
-    session: a sweep with `cache_override` and the same overrides finds it there)."""
+    session: a sweep with `cache_override` and the same overrides finds it there).
+
+    `planned_variant.prefetch(*jobs)` (each job a list of overrides, in the order the tests
+    need them) shares the exports not yet made with one background process: it makes them
+    from the last one back while this process makes them from the first on (a job the
+    background has not started yet is made here), so two cores export at once."""
+    import multiprocessing
+    from concurrent.futures import Future, ProcessPoolExecutor
+
     from tasks.jobs import export_job
 
-    made = {}
+    made: dict[str, object] = {}  # export key -> ExportResult, or the Future of one
 
-    def get(*overrides: str):
+    def plan_one(overrides):
         plan = plan_jobs([*overrides, cache_override])
         assert not plan.skipped, plan.skipped
         (pv,) = plan.variants
-        job = plan.exports[pv.export_key]
-        if pv.export_key not in made:
-            result = export_job(job.spec)
-            assert result.ok, result.failure and result.failure.traceback
-            made[pv.export_key] = result
-        return made[pv.export_key], pv.bench
+        return pv, plan.exports[pv.export_key]
 
+    def get(*overrides: str):
+        pv, job = plan_one(overrides)
+        result = made.get(pv.export_key)
+        if isinstance(result, Future):
+            result = result.result() if not result.cancel() else None  # not started there: made here
+        if result is None:
+            result = export_job(job.spec)
+        assert result.ok, result.failure and result.failure.traceback
+        made[pv.export_key] = result
+        return result, pv.bench
+
+    def prefetch(*jobs):
+        todo = []
+        for overrides in jobs:
+            pv, job = plan_one(overrides)
+            if pv.export_key not in made and not (Path(job.spec.out_dir) / "meta.json").is_file():
+                todo.append((pv.export_key, job.spec))
+        if len(todo) < 2:
+            return
+        # spawned: nothing of this process (threads, torch state) is inherited
+        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        for key, spec in reversed(todo[1:]):  # the first is made here, now
+            made[key] = pool.submit(export_job, spec)
+        pool.shutdown(wait=False)  # its process ends once the queue is done
+
+    get.prefetch = prefetch
     return get
 
 

@@ -1,11 +1,11 @@
 """The whole path: configs -> plan -> Ray (local, loopback) -> MLflow (sqlite).
 
 - One sweep in this process (lightning-hydra-template style: configs composed with Hydra's
-  compose API, `orchestrator.run.run_sweep` called directly): the README's grid plus the
+  compose API, `orchestrator.run.run_sweep` called directly): llama on onnxruntime and the
   executorch / torch.compile / cuda combinations, read back from MLflow.
 - Process-level behaviour through `python sweep.py`: the README's grid with `-m` (exit
-  status, printed summary, no Ray process left behind), a failing single run's exit status,
-  and Ctrl-C.
+  status, printed summary, what MLflow holds, no process of it left behind), a failing
+  single run's exit status, and Ctrl-C.
 
 Every sweep shares the test session's export cache (conftest `cache_override`), so each
 export is made once a session, and starts from an MLflow store whose tables exist.
@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -294,22 +295,33 @@ def workdir(tmp_path_factory, mlflow_db):
 
 @pytest.fixture(scope="module")
 def readme_sweep(workdir, cache_override):
-    """`python sweep.py -m model=llama,phi3 phase=prefill,decode`, shrunk, in a session of its
-    own: afterwards, what of that session is still alive (given a few seconds to go)."""
+    """`python sweep.py -m model=llama,phi3 phase=prefill,decode`, shrunk, leading a session
+    of its own. Returns (the finished process with its output, what its session held while
+    it ran, what of it is still alive afterwards, given a few seconds to go)."""
     proc = sweep_process(
         workdir,
         *README_GRID,
         *SHRINK,
         cache_override,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # the driver leads a session: Ray's processes and workers join it
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # Ray's processes, its workers and the benchmarks' join this session
     )
-    out, err = proc.communicate(timeout=600)
+    watchdog = threading.Timer(600, proc.kill)
+    watchdog.start()
+    lines, during = [], []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if not during and line.startswith("  exported  "):  # Ray is up, an export returned
+                during = in_session(proc.pid)
+        proc.wait()
+    finally:
+        watchdog.cancel()
     deadline = time.monotonic() + 15
     while (left := in_session(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), left
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines)), during, left
 
 
 @pytest.fixture(scope="module")
@@ -320,8 +332,8 @@ def client(workdir, readme_sweep):
 
 
 def test_the_readme_grid_prints_its_summary_and_ui_command(readme_sweep, workdir):
-    proc, _ = readme_sweep
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc, _, _ = readme_sweep
+    assert proc.returncode == 0, proc.stdout[-6000:]
     out = proc.stdout
     for name in ORT:
         assert re.search(rf"^  measured  {name} ", out, re.M) and re.search(rf"^{name} ", out, re.M)
@@ -346,7 +358,9 @@ def test_the_readme_grid_is_one_parent_and_a_child_per_variant(client):
 def test_ray_left_nothing_running(readme_sweep):
     """Nothing the sweep started (Ray's GCS, raylet, workers, benchmark processes) outlives it:
     its own session is checked, not the machine, where other sweeps may run."""
-    _, left = readme_sweep
+    _, during, left = readme_sweep
+    held = {p.split(" ", 1)[1] for p in during}
+    assert {"gcs_server", "raylet"} <= held, f"the check would see nothing: the session held {during}"
     assert left == [], f"processes of the sweep's session outlived it: {left}"
 
 
@@ -386,6 +400,7 @@ def test_ctrl_c_closes_every_open_run_and_keeps_what_was_logged(tmp_path, mlflow
         *slow,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         waiting, seen = set(names), []
@@ -405,6 +420,10 @@ def test_ctrl_c_closes_every_open_run_and_keeps_what_was_logged(tmp_path, mlflow
             proc.kill()
     assert proc.returncode != 0
     assert "measured" not in "".join(seen) + rest  # it was interrupted, not finished
+    deadline = time.monotonic() + 15
+    while (left := in_session(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == [], f"processes of the interrupted sweep outlived it: {left}"
     client = MlflowClient(tracking_uri=uri)
     all_runs = runs(client)
     assert len(all_runs) == 3  # the sweep and its two variants

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
-import textwrap
 from numbers import Real
+from pathlib import Path
 
 import pytest
 import yaml
@@ -18,7 +19,7 @@ from tasks.phases import phase_module, phase_names
 from tasks.registry import available
 from tasks.runtimes import runtime_module
 from tasks.specs import DEVICES, DTYPE_BYTES
-from tests.conftest import CONF, ROOT
+from tests.conftest import CONF, ROOT, SHAPE_OVERRIDES
 
 FORMATS = available("tasks.export")
 RUNTIMES = available("tasks.runtimes")
@@ -99,71 +100,20 @@ def test_every_backend_yaml_names_a_runtime_and_a_format_that_exist(option):
 
 # -- a backend from outside the repository ---------------------------------------------------
 
-SPIN_RUNTIME = '''
-"""A throwaway runtime for the format `none`: eager, plus a busy-wait in every timed call."""
-
-from __future__ import annotations
-
-import time
-from dataclasses import dataclass
-
-from tasks.specs import at_least
-
-LIBRARIES = ("torch",)
-MEMORY_FACTOR = 1.5
-DTYPES = {"cpu": ("float32", "float16", "bfloat16")}  # model dtypes it runs, by device
-
-
-@dataclass(frozen=True)
-class Options:
-    spin_us: int = 0  # microseconds each timed call busy-waits before the eager call
-
-    def __post_init__(self) -> None:
-        at_least("backend.options.spin_us", self.spin_us, 0)
-
-
-def load(spec, meta, feeds):
-    from tasks.runtimes import eager
-
-    session = eager.load(spec, meta, feeds)
-    spin_ns = Options(**spec.runtime_options).spin_us * 1000
-    bind = session.bind
-
-    def spinning_bind(feeds):
-        call = bind(feeds)
-
-        def spun():
-            end = time.perf_counter_ns() + spin_ns
-            while time.perf_counter_ns() < end:
-                pass
-            return call()
-
-        return spun
-
-    session.bind = spinning_bind
-    session.info["spin_us"] = spin_ns // 1000
-    return session
-'''
-
-SPIN_YAML = """
-name: spin
-runtime: spin_runtime
-export_format: none
-devices: [cpu]
-export_options: {}
-options:
-  spin_us: 200
-"""
+# the test-only backend `spin` (tests/spin_backend/): eager plus a busy-wait in every timed call
+SPIN = Path(__file__).resolve().parent / "spin_backend"
 
 
 @pytest.mark.slow
-def test_a_new_runtime_is_one_module_and_one_yaml_outside_the_repository(tmp_path):
+def test_a_new_runtime_is_one_module_and_one_yaml_outside_the_repository(tmp_path, cache_override):
     """A backend the repository does not know (a runtime module on PYTHONPATH and a yaml on
     Hydra's search path) sweeps like any other: exported, parity-checked, measured, recorded."""
-    plugin = tmp_path / "plugin"
-    (plugin / "conf" / "backend").mkdir(parents=True)
-    (plugin / "spin_runtime.py").write_text(textwrap.dedent(SPIN_RUNTIME).lstrip())
-    (plugin / "conf" / "backend" / "spin.yaml").write_text(textwrap.dedent(SPIN_YAML).lstrip())
+    plugin = tmp_path / "plugin"  # the whole backend: one module and one yaml, copied out of the repository
+    shutil.copytree(SPIN, plugin, ignore=shutil.ignore_patterns("__pycache__"))
+    assert sorted(str(p.relative_to(plugin)) for p in plugin.rglob("*.*")) == [
+        "conf/backend/spin.yaml",
+        "spin_runtime.py",
+    ]
     work = tmp_path / "work"
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": f"{plugin}{os.pathsep}{ROOT}"}
@@ -179,6 +129,9 @@ def test_a_new_runtime_is_one_module_and_one_yaml_outside_the_repository(tmp_pat
             "bench.min_seconds=0.1",
             "bench.warmup_max_seconds=0.5",
             "bench.threads=1",
+            "backend.options.spin_us=200",
+            *SHAPE_OVERRIDES,
+            cache_override,  # the session's exports: format none's llama decode entry is eager's
         ],
         cwd=work,
         env=env,
@@ -203,9 +156,9 @@ def test_a_new_runtime_is_one_module_and_one_yaml_outside_the_repository(tmp_pat
     assert run.data.metrics["latency_ms_median"] >= 0.2  # the spin is inside every timed call
     assert run.data.metrics["parity_steps"] == 8
 
-    # nothing of the repository had to change: the backend exists only in tmp
+    # nothing of the repository had to change: the package's registries and conf/ know no spin
     assert "spin_runtime" not in available("tasks.runtimes") and "spin" not in backend_yamls()
-    assert not list(ROOT.glob("**/spin_runtime.py")) and not (CONF / "backend" / "spin.yaml").exists()
+    assert not [p for d in ("conf", "tasks", "orchestrator") for p in (ROOT / d).rglob("spin*")]
     status = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=all", "--", "conf", "tasks", "orchestrator"],
         cwd=ROOT,

@@ -113,6 +113,8 @@ class FakeScheduler:
     """orchestrator.scheduler.Scheduler's interface: records submissions; `results()`
     answers each queued task with `respond(kind, key, spec)`."""
 
+    seed = 1234  # the benchmarks' random order, recorded on the sweep's run
+
     def __init__(self, respond=None, cap=None):
         self.capacity = cap or capacity()
         self.respond = respond
@@ -216,7 +218,13 @@ def test_record_plan_opens_a_run_per_variant_and_ends_skipped_ones(sweep, plan):
     run, tracker, _ = sweep
     parent = tracker.parent()
     assert parent.name.startswith("sweep_") and parent.status == "RUNNING"
-    assert parent.params == {"command": "python sweep.py -m ...", "variants": "5", "skipped": "1", "exports": "3"}
+    assert parent.params == {
+        "command": "python sweep.py -m ...",
+        "variants": "5",
+        "skipped": "1",
+        "exports": "3",
+        "bench_order_seed": "1234",
+    }
     assert {"git_commit", "host", "out_dir"} <= set(parent.tags)
     kids = tracker.by_name()
     assert set(kids) == {A, B, EAGER, COMPILE, COMPILE_CUDA, SKIPPED}
@@ -278,7 +286,7 @@ def test_an_export_logs_shapes_and_model_and_queues_the_benchmark(sweep, plan, t
     assert child.artifacts == [("model.onnx", "model"), ("model.onnx.data", "model")]
     assert run.outcomes[A].status == Status.RUNNING and run.outcomes[A].shapes == {"input_ids": [2, 16]}
     kind, key, spec, request = sched.submitted[-1]
-    assert (kind, key) == ("bench", A) and spec is plan.variant(A).bench and request is plan.variant(A).request
+    assert (kind, key) == ("bench", f"{A}#0") and spec is plan.variant(A).bench and request is plan.variant(A).request
 
 
 def test_a_model_larger_than_max_model_mb_is_named_not_copied(tmp_path):
@@ -318,10 +326,10 @@ def test_benchmarks_end_finished_or_failed_and_the_summary_is_logged(sweep, plan
     for name in (A, B, EAGER):
         key = key_of(plan, name)
         run.on_export(key, export_ok(key, tmp_path / key[:8], artifact=name != EAGER))
-    run.on_bench(A, bench_ok(A))
-    run.on_bench(B, parity_failed(B))
-    run.on_bench(EAGER, Failure("benchmark", "benchmark process died: ...", ""))
-    run.on_bench(COMPILE, bench_ok(COMPILE, unstable=True))
+    run.on_bench(f"{A}#0", bench_ok(A))
+    run.on_bench(f"{B}#0", parity_failed(B))
+    run.on_bench(f"{EAGER}#0", Failure("benchmark", "benchmark process died: ...", ""))
+    run.on_bench(f"{COMPILE}#0", bench_ok(COMPILE, unstable=True))
     kids = tracker.by_name()
 
     ok = kids[A]
@@ -375,7 +383,7 @@ def test_a_sweep_without_failures_finishes(tmp_path):
     run.start()
     for name in (A, B):
         run.on_export(key_of(plan, name), export_ok(key_of(plan, name), tmp_path / name))
-        run.on_bench(name, bench_ok(name))
+        run.on_bench(f"{name}#0", bench_ok(name))
     run.finish(1.0)
     parent = tracker.parent()
     assert parent.status == "FINISHED" and parent.tags["status"] == "ok"
@@ -386,7 +394,7 @@ def test_abort_closes_every_open_run_and_only_those(sweep, plan, tmp_path):
     run, tracker, _ = sweep
     run.start()
     run.on_export(key_of(plan, A), export_ok(key_of(plan, A), tmp_path / "a"))
-    run.on_bench(A, bench_ok(A))
+    run.on_bench(f"{A}#0", bench_ok(A))
     run.on_export(key_of(plan, B), export_ok(key_of(plan, B), tmp_path / "b"))  # B is benchmarking
     run.abort("KeyboardInterrupt: ")
     kids = tracker.by_name()
@@ -407,6 +415,34 @@ def test_abort_closes_every_open_run_and_only_those(sweep, plan, tmp_path):
     assert parent.status == "KILLED" and parent.tags["status"] == "aborted"
 
 
+def test_repeats_record_a_variant_once_all_its_processes_ended(tmp_path):
+    """bench.repeats=3: three fresh processes, the run stays open until the last, then one
+    record of the pooled samples; a failed process fails the variant, later ones are ignored."""
+    plan = plan_jobs([*JOBS[0], "bench.repeats=3"], [*JOBS[1], "bench.repeats=3"])
+    tracker, sched = FakeTracker(), FakeScheduler()
+    run = SweepRun(plan, tmp_path, tracker, sched)
+    run.record_plan("cmd")
+    run.start()
+    for name in (A, B):
+        run.on_export(key_of(plan, name), export_ok(key_of(plan, name), tmp_path / name))
+    benches = [key for kind, key, _, _ in sched.submitted if kind == "bench"]
+    assert benches == [f"{A}#0", f"{A}#1", f"{A}#2", f"{B}#0", f"{B}#1", f"{B}#2"]
+    kids = tracker.by_name()
+
+    run.on_bench(f"{A}#1", bench_ok(A))
+    run.on_bench(f"{A}#0", bench_ok(A))
+    assert kids[A].status == "RUNNING" and "latency_ms_median" not in kids[A].metrics
+    run.on_bench(f"{A}#2", bench_ok(A))
+    assert kids[A].status == "FINISHED" and kids[A].tags["status"] == "ok"
+    assert kids[A].metrics["repeats"] == 3 and len(kids[A].files["latency_samples.json"]["samples"]) == 3 * 7
+
+    run.on_bench(f"{B}#0", bench_ok(B))
+    run.on_bench(f"{B}#2", Failure("benchmark", "benchmark process died: ..."))
+    assert kids[B].status == "FAILED" and kids[B].tags["failure_stage"] == "benchmark"
+    run.on_bench(f"{B}#1", bench_ok(B))  # after the variant ended: nothing more is written
+    assert kids[B].status == "FAILED" and "latency_ms_median" not in kids[B].metrics
+
+
 # -- run_sweep, with the fakes in place of Ray and MLflow ------------------------------
 
 
@@ -421,7 +457,7 @@ def answer(tmp_path):
     def respond(kind, key, spec):
         if kind == "export":
             return export_ok(key, tmp_path / key[:8])
-        return bench_ok(key)
+        return bench_ok(key.rsplit("#", 1)[0])
 
     return respond
 
@@ -442,7 +478,7 @@ def test_run_sweep_runs_the_plan_and_returns_each_jobs_outcome(monkeypatch, tmp_
     assert tracker.parent().status == "FINISHED"
     plan = plan_jobs(JOBS[0], JOBS[1])
     exports = [("export", key_of(plan, A)), ("export", key_of(plan, B))]
-    assert [s[:2] for s in sched.submitted] == [*exports, ("bench", A), ("bench", B)]
+    assert [s[:2] for s in sched.submitted] == [*exports, ("bench", f"{A}#0"), ("bench", f"{B}#0")]
 
 
 def test_an_interrupt_mid_sweep_aborts_open_runs_and_stops_the_scheduler(monkeypatch, tmp_path):
@@ -450,7 +486,7 @@ def test_an_interrupt_mid_sweep_aborts_open_runs_and_stops_the_scheduler(monkeyp
     from orchestrator.run import run_sweep
 
     def respond(kind, key, spec):
-        if kind == "bench" and key == B:
+        if kind == "bench" and key == f"{B}#0":
             raise KeyboardInterrupt
         return answer(tmp_path)(kind, key, spec)
 
@@ -482,7 +518,7 @@ def test_failed_variants_end_the_process_with_their_names(monkeypatch, tmp_path)
     from orchestrator.entry import run_or_exit
 
     def respond(kind, key, spec):
-        return parity_failed(key) if kind == "bench" else answer(tmp_path)(kind, key, spec)
+        return parity_failed(key.rsplit("#", 1)[0]) if kind == "bench" else answer(tmp_path)(kind, key, spec)
 
     tracker, sched = FakeTracker(), FakeScheduler(respond)
     _install(monkeypatch, tracker, sched)

@@ -119,7 +119,7 @@ def check_parity(session: Any, feeds: dict, parity: dict, atol: float) -> dict[s
     start = int(feeds["cache_position"][0])
     run_steps = getattr(session, "run_steps", None)
     logits = run_steps(feeds, tokens_, start) if run_steps else host_steps(session, feeds, tokens_, start)
-    return summary([compare(step, ref[t]) for t, step in enumerate(logits)], atol)
+    return summary([compare(step, ref[t], atol) for t, step in enumerate(logits)], atol)
 
 
 def extra_metrics(

@@ -71,7 +71,7 @@ def check_parity(session: Any, feeds: dict, parity: dict, atol: float) -> dict[s
     from tasks.tensors import as_float32
 
     logits, *present = session.run(feeds)
-    report = summary([compare(logits, parity["ref_logits"][0])], atol)
+    report = summary([compare(logits, parity["ref_logits"][0], atol)], atol)
     names = [n for n in session.output_names if n.startswith(PRESENT)]
     diffs = [float(np.max(np.abs(as_float32(a) - parity["ref_" + n]))) for n, a in zip(names, present, strict=True)]
     report["cache_max_abs_diff"] = max(diffs) if diffs else 0.0
