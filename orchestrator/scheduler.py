@@ -14,9 +14,10 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from orchestrator.config import ClusterCfg
+from orchestrator.config import ClusterCfg, ConfigError
 from orchestrator.placement import BENCH_RESOURCE, Capacity, Request, capacity_of
 from tasks.specs import Failure
 
@@ -68,6 +69,37 @@ RETRIABLE = ("WorkerCrashedError", "NodeDiedError", "OutOfMemoryError", "ActorDi
 # from its own start; this much more allows for a worker's start-up under load
 STARTUP_GRACE_S = 120.0
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+REACH_TIMEOUT_S = 10.0
+
+
+def check_reachable(address: str) -> None:
+    """A cluster address must answer within seconds (ray.init would wait for minutes): the
+    head's GCS port for host:port and ray://host:port, the address this machine's running
+    cluster recorded for "auto"."""
+    import socket
+
+    where = address
+    if address == "auto":
+        where = os.environ.get("RAY_ADDRESS", "")
+        current = Path("/tmp/ray/ray_current_cluster")
+        if not where and current.is_file():
+            where = current.read_text().strip()
+        if not where:
+            raise ConfigError(
+                "cluster.address='auto' found no running Ray cluster on this machine (no RAY_ADDRESS, no "
+                "/tmp/ray/ray_current_cluster); start one (scripts/cluster.sh head --bench) or give host:port"
+            )
+    host, _, port = where.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=REACH_TIMEOUT_S).close()
+    except (OSError, ValueError) as e:
+        found = f" (found {where})" if where != address else ""
+        raise ConfigError(
+            f"cluster.address={address!r}{found} cannot be reached: {getattr(e, 'strerror', None) or e}; "
+            "is the head running (scripts/cluster.sh head) and the address right?"
+        ) from None
 
 
 def root_cause(e: BaseException) -> tuple[str, str]:
@@ -129,6 +161,7 @@ class Scheduler:
                     **common,
                 )
             else:
+                check_reachable(self.cluster.address)
                 ray.init(address=self.cluster.address, **common)
             self.owned = True
         self._export = ray.remote(_export_entry)
