@@ -18,9 +18,10 @@ from omegaconf import DictConfig, OmegaConf
 from orchestrator.config import validate_all
 from orchestrator.outcome import Outcome, Status
 from orchestrator.plan import Plan, make_plan
-from orchestrator.report import latency_plot, plan_text, say, summary_rows, table
+from orchestrator.progress import Progress
+from orchestrator.report import plan_text, say, summary_rows, table
 from orchestrator.scheduler import Scheduler
-from orchestrator.tracking import Tracker, ui_command
+from orchestrator.tracking import Tracker, ui_command, ui_lines
 from orchestrator.variant import Variant
 from tasks.bench import pool_repeats
 from tasks.specs import BenchResult, ExportResult, Failure
@@ -56,6 +57,7 @@ class SweepRun:
         self.outcomes: dict[str, Outcome] = {}
         self.parent: str | None = None
         self.repeats: dict[str, list[BenchResult]] = {}  # variant -> results of its processes so far
+        self.progress = Progress.of(plan)  # counts, ETA, and each ended variant's line
         # who owns the open runs: a later sweep closes them if this driver dies
         self.driver = {"driver.host": socket.gethostname(), "driver.pid": str(os.getpid())}
 
@@ -119,6 +121,7 @@ class SweepRun:
         o.shapes = {k.removeprefix("shape."): json.loads(p) for k, p in run.data.params.items() if k.startswith("shape.")}
         o.unstable = run.data.tags.get("unstable") == "True"
         self.outcomes[name] = o
+        self.progress.ended(name, Status.OK)
 
     def heartbeat(self) -> None:
         """The sweep's run says its driver is alive, so a later sweep elsewhere can tell."""
@@ -132,6 +135,8 @@ class SweepRun:
         names = self.plan.exports[name].variants if kind == "export" else (name.rsplit("#", 1)[0],)
         for n in names:
             o = self.outcomes[n]
+            if o.ended:  # failed before (schedule, an earlier repeat) or reused: its run is closed, or an earlier sweep's
+                continue
             o.retries.append(f"{kind}: {cause}")
             self.tracker.log(o.run_id, metrics={"retries": len(o.retries)}, tags={"retry_causes": " | ".join(o.retries)})
             say(f"  retry     {n}: {kind} {cause}")
@@ -232,9 +237,11 @@ class SweepRun:
         o.status = Status.OK
         self.tracker.log(o.run_id, tags={"status": Status.OK, "unstable": o.unstable, "parity": "passed"})
         self.tracker.end(o.run_id, "FINISHED")
-        say(
+        self.progress.ended(
+            name,
+            Status.OK,
             f"  measured  {name:<44} {o.metrics['latency_ms_median']:8.3f} ms median, parity "
-            f"{o.metrics['parity_max_abs_diff']:.1e}{'  UNSTABLE' if o.unstable else ''}"
+            f"{o.metrics['parity_max_abs_diff']:.1e}{'  UNSTABLE' if o.unstable else ''}",
         )
 
     def fail(self, o: Outcome, failure: Failure) -> None:
@@ -243,7 +250,7 @@ class SweepRun:
         if failure.stage == "parity":
             self.tracker.log(o.run_id, tags={"parity": "failed"})
         self.tracker.end(o.run_id, "FAILED")
-        say(f"  FAILED    {o.name:<44} {failure.stage}: {failure.error}")
+        self.progress.ended(o.name, Status.FAILED, f"  FAILED    {o.name:<44} {failure.stage}: {failure.error}")
 
     def abort(self, why: str) -> None:
         """Ctrl-C or a driver error: close every open run with the reason, lose nothing logged."""
@@ -252,6 +259,7 @@ class SweepRun:
                 self.tracker.log(o.run_id, tags={"status": Status.ABORTED, "error": why})
                 self.tracker.end(o.run_id, "KILLED")
                 o.status, o.error = Status.ABORTED, why
+                self.progress.ended(o.name, Status.ABORTED)
         if self.parent:
             self.tracker.log(self.parent, tags={"status": Status.ABORTED, "error": why})
             self.tracker.end(self.parent, "KILLED")
@@ -270,10 +278,23 @@ class SweepRun:
         )
         self.tracker.log_text(self.parent, text + "\n", "summary.txt")
         self.tracker.log_dict(self.parent, rows, "summary.json")
-        plot = self.out_dir / "latency.png"
+        # the plots (orchestrator.plots: the report draws the same from MLflow): latency.png
+        # at the root of the sweep's run, the others under plots/
+        from orchestrator.plots import make_plots
+        from orchestrator.report import plot_rows, sweep_note, table_columns
+
+        params = {pv.name: pv.variant.params for pv in self.plan.variants}
+        params.update({s.name: s.variant.params for s in self.plan.skipped})
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        if latency_plot(outs, str(plot)):
-            self.tracker.artifact(self.parent, plot)
+        for plot in make_plots(plot_rows(outs, params), self.out_dir):
+            folder = plot.parent.relative_to(self.out_dir).as_posix()
+            self.tracker.artifact(self.parent, plot, None if folder == "." else folder)
+        # the UI's view: the run's description (command + table) and the table as an MLflow table
+        client = getattr(self.tracker, "client", None)  # MLflow's own; a test's tracker has none
+        command = client.get_run(self.parent).data.params.get("command") if client else None
+        self.tracker.log(self.parent, tags={"mlflow.note.content": sweep_note(command, rows)})
+        if client and rows:
+            client.log_table(self.parent, data=table_columns(rows), artifact_file="summary_table.json")
         self.tracker.end(self.parent, "FAILED" if failed else "FINISHED")
         return text
 
@@ -282,6 +303,11 @@ class SweepRun:
         out = {j: self.outcomes[pv.name] for pv in self.plan.variants for j in pv.jobs}
         out.update({s.job: self.outcomes[s.key] for s in self.plan.skipped})
         return out
+
+
+def _running(sched: Scheduler) -> list[tuple[str, str]]:
+    """(kind, key) of the tasks the scheduler has handed Ray (none for a scheduler that does not say)."""
+    return [(t.kind, t.key) for t in getattr(sched, "running", {}).values()]
 
 
 def run_sweep(
@@ -304,19 +330,29 @@ def run_sweep(
             return {}
         run = SweepRun(plan, out_dir, tracker, sched)
         run.record_plan(command)
+        links = ui_lines(tracker.uri, getattr(tracker, "experiment_id", None), run.parent)
+        for line in links:
+            say(line)
         try:
-            run.start()
-            for kind, key, result in sched.results():
-                if kind == "tick":
-                    run.heartbeat()
-                elif kind == "retry":
-                    run.on_retry(key, result)
-                else:
-                    (run.on_export if kind == "export" else run.on_bench)(key, result)
+            with run.progress.showing() as progress:
+                run.start()
+                for kind, key, result in sched.results():
+                    if kind in ("export", "bench"):
+                        progress.returned(kind, key)  # before `running`: it no longer lists the task
+                    progress.running(_running(sched))
+                    if kind == "tick":
+                        run.heartbeat()
+                        progress.tick()
+                    elif kind == "retry":
+                        run.on_retry(key, result)
+                    else:
+                        (run.on_export if kind == "export" else run.on_bench)(key, result)
         except BaseException as e:
             run.abort(f"{type(e).__name__}: {e}")
             raise
     text = run.finish(time.perf_counter() - t0)
     say("\n" + text)
-    say(f"\nBrowse the runs:  {ui_command(tracker.uri)}")
+    say(f"\nBrowse the runs:  {ui_command(tracker.uri, getattr(tracker, 'experiment_id', None))}")
+    for line in links:
+        say(line)
     return run.by_job()

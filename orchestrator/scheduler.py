@@ -102,6 +102,17 @@ def check_reachable(address: str) -> None:
         ) from None
 
 
+def _keep_sigterm_handler() -> None:
+    """ray.init installs a C++ SIGTERM handler over the driver's (a stack dump, then abort:
+    exit 134); put the driver's Python handler back, so SIGTERM unwinds and closes every run."""
+    import signal
+    import threading
+
+    handler = signal.getsignal(signal.SIGTERM)
+    if callable(handler) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
 def root_cause(e: BaseException) -> tuple[str, str]:
     """(one line naming the root cause, the full text) of a Ray error: a task's own
     exception rather than Ray's coloured worker header."""
@@ -164,6 +175,7 @@ class Scheduler:
                 check_reachable(self.cluster.address)
                 ray.init(address=self.cluster.address, **common)
             self.owned = True
+            _keep_sigterm_handler()
         self._export = ray.remote(_export_entry)
         self._bench = ray.remote(max_calls=1)(_bench_entry)
         self.capacity = self._capacity()

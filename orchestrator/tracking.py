@@ -11,6 +11,8 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +25,59 @@ def resolve_uri(cfg: TrackingCfg) -> str:
     return cfg.uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
-def ui_command(uri: str) -> str:
+UI_PORT = 5000  # where `mlflow ui` serves a local store (its default port, said explicitly)
+
+
+def ui_base(uri: str) -> str | None:
+    """Where the MLflow UI of a tracking store is browsed: the server itself, or the
+    `mlflow ui` that ui_command starts on a local store; None for a store it cannot tell."""
     if uri.startswith(("http://", "https://")):
-        return f"open {uri}"
-    return f"mlflow ui --backend-store-uri {uri}"
+        return uri.rstrip("/")
+    if uri.startswith(("sqlite:", "file:", "/")) or "://" not in uri:
+        return f"http://127.0.0.1:{UI_PORT}"
+    return None
+
+
+def ui_command(uri: str, experiment_id: str | None = None) -> str:
+    """What to run (a local store) or open (a server: the runs table, when the experiment is known)."""
+    if uri.startswith(("http://", "https://")):
+        return f"open {ui_links(uri, experiment_id).get('runs', uri)}"
+    return f"mlflow ui --backend-store-uri {uri} --port {UI_PORT}"
+
+
+RUNS_ORDER = "orderByKey=metrics.%60latency_ms_median%60&orderByAsc=true"  # fastest first, flat
+
+
+def ui_links(uri: str, experiment_id: str | None, run_id: str | None = None) -> dict[str, str]:
+    """Direct links into MLflow 3.17's UI that skip the experiment's GenAI overview (where a
+    fresh browser lands otherwise): "runs", the experiment's runs table (route
+    /experiments/:experimentId/runs), sorted by median latency: sorted by anything but the
+    start time the table lists child runs flat rather than folded under their sweep's run;
+    and "run", the sweep's run (/experiments/:experimentId/runs/:runUuid). Empty when the
+    store's UI is unknown."""
+    base = ui_base(uri)
+    if base is None or not experiment_id:
+        return {}
+    links = {"runs": f"{base}/#/experiments/{experiment_id}/runs?{RUNS_ORDER}"}
+    if run_id:
+        links["run"] = f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+    return links
+
+
+def ui_lines(uri: str, experiment_id: str | None, run_id: str | None = None) -> list[str]:
+    """The lines the sweep prints with ui_links (a local store: once `mlflow ui` runs)."""
+    links = ui_links(uri, experiment_id, run_id)
+    if not links:
+        return []
+    lines = []
+    if not uri.startswith(("http://", "https://")):
+        lines.append(f"MLflow UI, once `{ui_command(uri)}` runs:")
+    else:
+        lines.append("MLflow UI:")
+    if "run" in links:
+        lines.append(f"  this sweep's run:  {links['run']}")
+    lines.append(f"  all runs (table):  {links['runs']}")
+    return lines
 
 
 REACH_TIMEOUT_S = 10.0
@@ -69,22 +120,47 @@ def check_artifact_root(cfg: TrackingCfg) -> Path | None:
     return root
 
 
+@contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Sweeps started at once on one new sqlite store would each run MLflow's schema
+    migrations ("table ... already exists") and create the same experiment: one at a time,
+    under an exclusive lock on `<store>.lock` beside it."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    lock = Path(uri.removeprefix("sqlite:///") + ".lock")
+    try:
+        f = lock.open("a")
+    except OSError:  # a folder that does not exist: MLflow's own error says so
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 class Tracker:
     def __init__(self, cfg: TrackingCfg):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # seconds, not minutes, when a server goes away
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        # not MLflow's "View run/experiment at" line on every ended run: stdout is the sweep's,
+        # and the experiment's link lands on the GenAI overview (ui_lines prints the right ones)
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         from mlflow.tracking import MlflowClient
 
         self.uri = resolve_uri(cfg)
         check_reachable(self.uri)
         root = check_artifact_root(cfg)
-        self.client = MlflowClient(tracking_uri=self.uri)
-        exp = self.client.get_experiment_by_name(cfg.experiment)
-        if exp is None:
-            location = root.as_uri() if root else None
-            self.experiment_id = self.client.create_experiment(cfg.experiment, artifact_location=location)
-        else:
-            self.experiment_id = exp.experiment_id
+        with _store_lock(self.uri):  # the client's first access creates the store's tables
+            self.client = MlflowClient(tracking_uri=self.uri)
+            exp = self.client.get_experiment_by_name(cfg.experiment)
+            if exp is None:
+                location = root.as_uri() if root else None
+                self.experiment_id = self.client.create_experiment(cfg.experiment, artifact_location=location)
+            else:
+                self.experiment_id = exp.experiment_id
 
     # -- what earlier sweeps left ---------------------------------------------------------
     def search(self, filter_string: str) -> list[Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -46,12 +47,15 @@ class FakeRun:
 
 
 class FakeTracker:
-    """orchestrator.tracking.Tracker's interface, in memory."""
+    """orchestrator.tracking.Tracker's interface, in memory. `earlier`: what finished_ok()
+    finds (bench key -> an earlier sweep's run); `orphan_ids`: runs orphans() reports."""
 
     uri = "fake://tracker"
 
-    def __init__(self):
+    def __init__(self, earlier=None):
         self.runs: dict[str, FakeRun] = {}
+        self.earlier = earlier or {}
+        self.orphan_ids: list[str] = []
 
     def _new(self, name: str, parent: str | None) -> str:
         run_id = f"run{len(self.runs)}"
@@ -100,6 +104,15 @@ class FakeTracker:
         if traceback:
             self.log_text(run_id, traceback, "error.txt")
 
+    def finished_ok(self):
+        return self.earlier
+
+    def orphans(self, heartbeat_timeout_s):
+        return [
+            (mlflow_run(run_id, self.runs[run_id].name), "its driver (pid 1 on elsewhere) is gone")
+            for run_id in self.orphan_ids
+        ]
+
     # -- reading back -------------------------------------------------------------------
     def parent(self) -> FakeRun:
         (run,) = [r for r in self.runs.values() if r.parent is None]
@@ -137,6 +150,14 @@ class FakeScheduler:
         while self.queue:
             kind, key, spec = self.queue.pop(0)
             yield kind, key, self.respond(kind, key, spec)
+
+
+def mlflow_run(run_id: str, name: str, **metrics):
+    """What MlflowClient.search_runs returns of a run, as far as the driver reads it."""
+    return SimpleNamespace(
+        info=SimpleNamespace(run_id=run_id, run_name=name),
+        data=SimpleNamespace(metrics=metrics, params={"shape.input_ids": "[2, 16]"}, tags={"unstable": "False"}),
+    )
 
 
 def export_ok(key: str, out: Path, artifact: bool = True) -> ExportResult:
@@ -441,6 +462,59 @@ def test_repeats_record_a_variant_once_all_its_processes_ended(tmp_path):
     assert kids[B].status == "FAILED" and kids[B].tags["failure_stage"] == "benchmark"
     run.on_bench(f"{B}#1", bench_ok(B))  # after the variant ended: nothing more is written
     assert kids[B].status == "FAILED" and "latency_ms_median" not in kids[B].metrics
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_resume_links_a_variant_measured_ok_before_instead_of_measuring_it(tmp_path, resume):
+    flag = f"tracking.resume={str(resume).lower()}"
+    plan = plan_jobs([*JOBS[0], flag], [*JOBS[1], flag])
+    earlier = mlflow_run("earlier-run", A, latency_ms_median=1.0)
+    tracker, sched = FakeTracker({plan.variant(A).variant.bench_key: earlier}), FakeScheduler()
+    run = SweepRun(plan, tmp_path, tracker, sched)
+    run.record_plan("cmd")
+    run.start()
+    exports = [key for kind, key, _, _ in sched.submitted if kind == "export"]
+    if not resume:  # tracking.resume=false: measured again
+        assert set(tracker.by_name()) == {A, B} and exports == [key_of(plan, A), key_of(plan, B)]
+        return
+    assert set(tracker.by_name()) == {B}  # no new run for A: the earlier one is linked
+    o = run.outcomes[A]
+    assert o.status == Status.OK and o.reused_from == "earlier-run" and o.metrics == {"latency_ms_median": 1.0}
+    assert o.shapes == {"input_ids": [2, 16]}
+    parent = tracker.parent()
+    assert parent.params["reused"] == "1" and parent.files["reused.json"] == {A: "earlier-run"}
+    assert exports == [key_of(plan, B)]  # A's export is not needed
+    run.on_export(key_of(plan, B), export_ok(key_of(plan, B), tmp_path / "b"))
+    run.on_bench(f"{B}#0", bench_ok(B))
+    run.finish(1.0)
+    assert parent.status == "FINISHED" and parent.metrics["variants_ok"] == 2
+
+
+def test_runs_a_dead_driver_left_open_are_closed_killed(tmp_path, plan):
+    tracker = FakeTracker()
+    old_sweep = tracker.start_sweep("sweep_old", {}, {})
+    left = tracker.start_variant(old_sweep, A, {"status": "running"}, {}, "")
+    tracker.orphan_ids = [old_sweep, left]
+    SweepRun(plan, tmp_path, tracker, FakeScheduler()).record_plan("cmd")
+    for run_id in (old_sweep, left):
+        closed = tracker.runs[run_id]
+        assert closed.status == "KILLED" and closed.tags["status"] == "aborted"
+        assert closed.tags["error"] == "closed by a later sweep: its driver (pid 1 on elsewhere) is gone"
+
+
+def test_a_retry_is_recorded_on_the_open_variants_it_concerns(sweep, plan):
+    run, tracker, _ = sweep
+    run.start()  # COMPILE_CUDA fails at once: it shares the export but never needs it
+    run.on_retry(f"export:{key_of(plan, EAGER)}", "worker died (OOM)")
+    run.on_retry(f"bench:{A}#0", "worker died")
+    kids = tracker.by_name()
+    for name, cause in (
+        (EAGER, "export: worker died (OOM)"),
+        (COMPILE, "export: worker died (OOM)"),
+        (A, "bench: worker died"),
+    ):
+        assert kids[name].metrics["retries"] == 1 and kids[name].tags["retry_causes"] == cause
+    assert "retries" not in kids[COMPILE_CUDA].metrics and kids[COMPILE_CUDA].status == "FAILED"
 
 
 # -- run_sweep, with the fakes in place of Ray and MLflow ------------------------------

@@ -1,0 +1,164 @@
+"""orchestrator.plots: each plot is drawn when the sweep has the axes it needs, and only then;
+the files are real PNGs. Rows are built by hand, as the sweep (from its outcomes) and the
+report (from MLflow runs) build them; no Ray, no MLflow."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from orchestrator import plots
+from orchestrator.outcome import Outcome, Status
+from orchestrator.report import latency_plot, plot_rows
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def row(model="llama", phase="decode", backend="eager", device="cpu", ctx=None, median=2.0, **metrics):
+    name = f"{model}_{phase}_{backend}_{device}" + (f"_ctx{ctx}" if ctx else "")
+    m = {
+        "latency_ms_median": median,
+        "latency_ms_p90": median * 1.1,
+        "latency_ms_median_ci_low": median * 0.97,
+        "latency_ms_median_ci_high": median * 1.03,
+        "tokens_per_s": 2000 / median,
+        **metrics,
+    }
+    return {
+        "name": name,
+        "model": model,
+        "phase": phase,
+        "backend": backend,
+        "device": device,
+        "status": "ok",
+        "unstable": False,
+        "params": {"phase.context_len": str(ctx or 128)},
+        "metrics": m,
+    }
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from the PNG's IHDR, after checking the signature."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, f"{path.name} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def drawn(rows, tmp_path) -> dict[str, Path]:
+    paths = plots.make_plots(rows, tmp_path)
+    for p in paths:
+        w, h = png_size(p)
+        assert w >= 300 and h >= 200 and p.stat().st_size > 5000, f"{p.name}: {w}x{h}, {p.stat().st_size} bytes"
+    return {p.relative_to(tmp_path).as_posix(): p for p in paths}
+
+
+def test_nothing_measured_draws_nothing(tmp_path):
+    failed = {**row(), "status": "failed"}
+    assert plots.make_plots([], tmp_path) == [] and plots.make_plots([failed], tmp_path) == []
+    assert not any(tmp_path.iterdir())
+
+
+def test_one_variant_gets_only_the_latency_plot(tmp_path):
+    assert list(drawn([row(peak_rss_mb=300.0)], tmp_path)) == [plots.LATENCY]  # one memory point says nothing
+
+
+def test_every_plot_when_the_sweep_has_every_axis(tmp_path):
+    rows = [
+        row(model=m, backend=b, ctx=c, median=base * c / 64, peak_rss_mb=mem)
+        for m, base in (("llama", 1.0), ("phi3", 3.0))
+        for b, mem in (("eager", 900.0), ("onnxruntime", 300.0))
+        for c in (64, 256, 1024)
+    ]
+    rows += [row(phase="prefill", backend="onnxruntime", median=40.0, peak_rss_mb=350.0)]
+    rows[0]["unstable"] = True
+    out = drawn(rows, tmp_path)
+    assert list(out) == [plots.LATENCY, plots.CONTEXT, plots.SPEEDUP, plots.MEMORY]
+
+
+def test_context_plot_needs_two_context_lengths_among_decode_variants(tmp_path):
+    one_ctx = [row(backend=b, ctx=64) for b in ("eager", "onnxruntime")]
+    assert plots.CONTEXT not in drawn(one_ctx, tmp_path / "a")
+    prefill = [row(phase="prefill", ctx=c) for c in (64, 256)]  # prefill ignores the context length
+    assert plots.CONTEXT not in drawn(prefill, tmp_path / "b")
+    two = [row(backend="onnxruntime", ctx=c) for c in (64, 256)]
+    assert plots.CONTEXT in drawn(two, tmp_path / "c")
+    assert list(plots.context_rows(two + prefill)) == ["llama"]
+
+
+def test_speedup_needs_eager_and_another_backend_of_the_same_model_and_phase(tmp_path):
+    no_eager = [row(backend="onnxruntime"), row(backend="executorch")]
+    assert plots.SPEEDUP not in drawn(no_eager, tmp_path / "a")
+    eager_only = [row(backend="eager"), row(backend="eager", model="phi3")]
+    assert plots.SPEEDUP not in drawn(eager_only, tmp_path / "b")
+    apart = [row(backend="eager"), row(backend="onnxruntime", phase="prefill")]  # not the same phase
+    assert plots.SPEEDUP not in drawn(apart, tmp_path / "c")
+    both = [
+        row(backend="eager", median=4.0),
+        row(backend="onnxruntime", median=1.0),
+        row(backend="compile", median=8.0),
+    ]
+    assert plots.SPEEDUP in drawn(both, tmp_path / "d")
+    labels, backends, cells = plots.speedups(both)
+    assert labels == ["llama · decode"] and backends == ["compile", "onnxruntime"]
+    assert cells == {("llama · decode", "onnxruntime"): 4.0, ("llama · decode", "compile"): 0.5}
+
+
+def test_speedup_compares_variants_that_differ_only_in_backend(tmp_path):
+    rows = [
+        row(backend=b, ctx=c, median=m)
+        for b, c, m in (("eager", 64, 2.0), ("eager", 256, 6.0), ("onnxruntime", 64, 1.0))
+    ]
+    labels, _, cells = plots.speedups(rows)
+    assert labels == ["llama · decode ctx64"] and cells == {("llama · decode ctx64", "onnxruntime"): 2.0}
+
+
+def test_memory_plot_needs_two_variants_with_memory_and_reads_cuda_memory_on_cuda(tmp_path):
+    assert plots.MEMORY not in drawn([row(backend="eager"), row(backend="onnxruntime")], tmp_path / "a")
+    cuda = [
+        row(backend=b, device="cuda", peak_rss_mb=5000.0, cuda_peak_allocated_mb=m)
+        for b, m in (("eager", 40.0), ("compile", 60.0))
+    ]
+    assert plots.MEMORY in drawn(cuda, tmp_path / "b")
+    assert {k: [mb for _, mb in v] for k, v in plots.memory_points(cuda).items()} == {
+        "cuda_peak_allocated_mb": [40.0, 60.0]
+    }
+
+
+def test_latency_plot_without_ci_or_p90_and_with_many_panels(tmp_path):
+    rows = [
+        row(model=m, phase=p, backend=b)
+        for m in ("llama", "phi3")
+        for p in ("prefill", "decode")
+        for b in ("eager", "onnxruntime")
+    ]
+    rows.append(row(model="qwen"))
+    for r in rows[:3]:
+        for k in ("latency_ms_p90", "latency_ms_median_ci_low", "latency_ms_median_ci_high"):
+            del r["metrics"][k]
+    assert list(drawn(rows, tmp_path)) == [plots.LATENCY, plots.SPEEDUP]
+
+
+def test_rows_from_outcomes_and_the_old_entry_point(tmp_path):
+    ok = Outcome(
+        "llama_decode_eager_cpu",
+        Status.OK,
+        "r1",
+        {"model": "llama", "phase": "decode", "backend": "eager", "device": "cpu"},
+    )
+    ok.metrics = {"latency_ms_median": 1.0, "latency_ms_p90": 1.2}
+    failed = Outcome("llama_decode_onnxruntime_cpu", Status.FAILED, "r2", {**ok.axes, "backend": "onnxruntime"})
+    rows = plot_rows([ok, failed], {ok.name: {"phase.context_len": 64, "model.dtype": "float32"}})
+    assert rows[0]["params"] == {"phase.context_len": "64"} and rows[0]["status"] == "ok"
+    assert [r["name"] for r in plots.measured(rows)] == [ok.name]
+    assert latency_plot([ok, failed], str(tmp_path / "latency.png")) and png_size(tmp_path / "latency.png")
+    assert not latency_plot([failed], str(tmp_path / "none.png")) and not (tmp_path / "none.png").exists()
+
+
+@pytest.mark.parametrize(
+    "name, expected", [("llama_decode_eager_cpu", ""), ("llama_decode_eager_cpu_ctx64_bf16", "ctx64_bf16")]
+)
+def test_suffix_is_what_the_name_says_beyond_the_four_axes(name, expected):
+    assert plots.suffix({**row(), "name": name}) == expected
