@@ -102,13 +102,13 @@ def check_reachable(address: str) -> None:
         ) from None
 
 
-def _keep_sigterm_handler() -> None:
-    """ray.init installs a C++ SIGTERM handler over the driver's (a stack dump, then abort:
-    exit 134); put the driver's Python handler back, so SIGTERM unwinds and closes every run."""
+def _restore_sigterm(handler: Any) -> None:
+    """ray.init replaces the driver's SIGTERM handler (with sys.exit(15), and a C++ handler
+    that dumps a stack and aborts: exit 134); put the driver's back, so SIGTERM unwinds
+    through its exit path, closes every run and exits 143."""
     import signal
     import threading
 
-    handler = signal.getsignal(signal.SIGTERM)
     if callable(handler) and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
 
@@ -161,6 +161,9 @@ class Scheduler:
             import ray
 
         if not ray.is_initialized():
+            import signal
+
+            sigterm = signal.getsignal(signal.SIGTERM)
             common = {"log_to_driver": False, "logging_level": "warning", "configure_logging": True}
             if local:
                 ray.init(
@@ -175,7 +178,7 @@ class Scheduler:
                 check_reachable(self.cluster.address)
                 ray.init(address=self.cluster.address, **common)
             self.owned = True
-            _keep_sigterm_handler()
+            _restore_sigterm(sigterm)
         self._export = ray.remote(_export_entry)
         self._bench = ray.remote(max_calls=1)(_bench_entry)
         self.capacity = self._capacity()
