@@ -187,10 +187,11 @@ def _context(r: dict[str, Any]) -> int | None:
 
 
 def context_rows(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Decode variants by model, for the models measured at two context lengths or more."""
+    """Variants with a context length (decode's: other phases normalise it away), by model,
+    for the models measured at two context lengths or more."""
     by_model: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        if r["phase"] == "decode" and _context(r) is not None:
+        if _context(r) is not None:
             by_model[r["model"]].append(r)
     return {m: rs for m, rs in sorted(by_model.items()) if len({_context(r) for r in rs}) >= 2}
 

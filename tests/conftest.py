@@ -121,9 +121,9 @@ def planned_variant(cache_override):
     session: a sweep with `cache_override` and the same overrides finds it there).
 
     `planned_variant.prefetch(*jobs)` (each job a list of overrides, in the order the tests
-    need them) shares the exports not yet made with one background process: it makes them
-    from the last one back while this process makes them from the first on (a job the
-    background has not started yet is made here), so two cores export at once."""
+    will ask for them) hands the exports not yet made to one background process, which makes
+    them from the last one back; asked for one it has not started, this process makes it
+    itself. Tests asking in order meet the background halfway: two cores export at once."""
     import multiprocessing
     from concurrent.futures import Future, ProcessPoolExecutor
 
@@ -154,11 +154,11 @@ def planned_variant(cache_override):
             pv, job = plan_one(overrides)
             if pv.export_key not in made and not (Path(job.spec.out_dir) / "meta.json").is_file():
                 todo.append((pv.export_key, job.spec))
-        if len(todo) < 2:
+        if not todo:
             return
         # spawned: nothing of this process (threads, torch state) is inherited
         pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-        for key, spec in reversed(todo[1:]):  # the first is made here, now
+        for key, spec in reversed(todo):
             made[key] = pool.submit(export_job, spec)
         pool.shutdown(wait=False)  # its process ends once the queue is done
 

@@ -72,14 +72,14 @@ def test_executorch_without_delegate_runs_portable_kernels(planned_variant):
 
 
 def test_compile_reports_compile_time_apart_from_latency(planned_variant):
-    """Prefill, with inductor's caches on (backend.options.cold_cache=false: after a first run
-    on this machine, a cache hit). The cold path (the default), on decode with a growing
-    cache, goes through the whole path in test_end_to_end.py with the same checks."""
-    _, result = bench(planned_variant, "llama", "prefill", "compile", "static", "backend.options.cold_cache=false")
+    """Prefill, compiled cold (backend.options.cold_cache=true, the default). Decode on a
+    growing cache, inductor's caches on, goes through the whole path in test_end_to_end.py."""
+    _, result = bench(planned_variant, "llama", "prefill", "compile")
     m = result.metrics
     assert result.parity["passed"] and result.parity["steps"] == 1
-    assert result.params["compile_cold_cache"] is False and result.params["compile_mode"] == "default"
-    assert m["compile_seconds"] > 0 and m["latency_ms_median"] < 1000 * m["compile_seconds"]
+    # compiling takes seconds; a steady-state call of the tiny model takes well under one
+    assert m["compile_seconds"] > 1.0 and m["latency_ms_median"] < 1000 * m["compile_seconds"]
+    assert result.params["compile_cold_cache"] is True and result.params["compile_mode"] == "default"
     assert max(result.samples_ns) / 1e9 < m["compile_seconds"]  # no sample contains the compile
 
 
