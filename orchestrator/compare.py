@@ -13,9 +13,10 @@ For every variant (child run that ended ok, matched by run name) of both sweeps,
     same          the whole interval lies within [1 - min_effect, 1 + min_effect]
     inconclusive  anything else: measure more, or accept a coarser min_effect
 
-A variant measured on shared cores on either side (metric shared_cores) is judged with a
-minimum effect of at least 50%: its interval describes the noise within each run, not a
-load that came or went between the two sweeps.
+A variant measured on shared cores on either side (metric shared_cores) is called slower or
+faster only beyond 50% (its interval describes the noise within each run, not a load that
+came or went between the two sweeps); `same` keeps the min-effect band; in between it is
+inconclusive.
 
 The table is printed and logged on the candidate's sweep run (compare.txt, compare.json, tag
 compare.baseline). Exit status: 1 when any variant is slower, 0 otherwise, 2 on usage errors
@@ -78,14 +79,19 @@ def bootstrap_medians(sorted_x: np.ndarray, u: np.ndarray) -> np.ndarray:
     return (order_stat(n // 2).astype(np.float64) + order_stat(n // 2 + 1)) / 2
 
 
-def verdict(ci_low: float, ci_high: float, p: float, min_effect: float = 0.05, alpha: float = 0.05) -> str:
+def verdict(
+    ci_low: float, ci_high: float, p: float, min_effect: float = 0.05, alpha: float = 0.05, call: float | None = None
+) -> str:
     """slower / faster / same / inconclusive from the ratio's interval and a (corrected) p-value.
 
     `faster` mirrors `slower` additively (interval below 1 - min_effect), so `same` is the band
-    [1 - min_effect, 1 + min_effect] and an effect counts once it leaves it either way."""
-    if ci_low > 1 + min_effect and p < alpha:
+    [1 - min_effect, 1 + min_effect] and an effect counts once it leaves it either way.
+    `call` (default min_effect) is the effect a slower/faster verdict needs: larger for runs on
+    shared cores, while `same` keeps the min_effect band (in between: inconclusive)."""
+    call = min_effect if call is None else call
+    if ci_low > 1 + call and p < alpha:
         return "slower"
-    if ci_high < 1 - min_effect and p < alpha:
+    if ci_high < 1 - call and p < alpha:
         return "faster"
     if 1 - min_effect <= ci_low and ci_high <= 1 + min_effect:
         return "same"
@@ -159,9 +165,10 @@ def compare_sweeps(
     """{variant: samples} of two sweeps -> per-variant comparisons (Holm across the variants in
     both, `p_holm` and the final `verdict`) and the variants only one sweep has.
 
-    A variant measured on shared cores on either side (`shared`) is judged with a minimum
-    effect of at least SHARED_MIN_EFFECT: the interval of each run describes the noise within
-    that run, not a load that came or went between the two, so only a large change is called."""
+    A variant measured on shared cores on either side (`shared`) is called slower or faster
+    only beyond SHARED_MIN_EFFECT: the interval of each run describes the noise within that
+    run, not a load that came or went between the two, so only a large change is called;
+    `same` still needs the min_effect band."""
     common = sorted(set(baseline) & set(candidate))
     results = [
         {"variant": name, **compare_samples(baseline[name], candidate[name], min_effect, alpha, resamples, seed)}
@@ -170,8 +177,8 @@ def compare_sweeps(
     for r, p in zip(results, holm([r["p_value"] for r in results]), strict=True):
         r["p_holm"] = p
         r["shared_cores"] = r["variant"] in shared
-        effect = max(min_effect, SHARED_MIN_EFFECT) if r["shared_cores"] else min_effect
-        r["verdict"] = verdict(r["ratio_ci_low"], r["ratio_ci_high"], p, effect, alpha)
+        call = max(min_effect, SHARED_MIN_EFFECT) if r["shared_cores"] else min_effect
+        r["verdict"] = verdict(r["ratio_ci_low"], r["ratio_ci_high"], p, min_effect, alpha, call)
     return {
         "min_effect": min_effect,
         "alpha": alpha,

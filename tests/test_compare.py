@@ -196,3 +196,15 @@ def test_usage_errors_exit_2(store, capsys):
     child = client.search_runs([lonely], filter_string=f"tags.mlflow.parentRunId = '{only}'")[0].info.run_id
     assert main([only, child, "--uri", uri]) == 2
     assert "variant's run" in capsys.readouterr().err
+
+
+def test_shared_cores_need_a_large_effect_to_call_and_never_make_same_easier():
+    from orchestrator.compare import SHARED_MIN_EFFECT, verdict
+
+    # a tight 25% slowdown: slower on quiet cores, inconclusive on shared ones
+    assert verdict(1.24, 1.26, 1e-9, 0.05, 0.05) == "slower"
+    assert verdict(1.24, 1.26, 1e-9, 0.05, 0.05, call=SHARED_MIN_EFFECT) == "inconclusive"
+    assert verdict(1.9, 2.1, 1e-9, 0.05, 0.05, call=SHARED_MIN_EFFECT) == "slower"  # 2x is called anyway
+    # "same" keeps the min-effect band whatever the cores
+    assert verdict(0.99, 1.01, 0.5, 0.05, 0.05, call=SHARED_MIN_EFFECT) == "same"
+    assert verdict(0.74, 0.76, 1e-9, 0.05, 0.05, call=SHARED_MIN_EFFECT) == "inconclusive"
