@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 from dataclasses import asdict
 from functools import lru_cache
@@ -123,7 +124,10 @@ def planned_variant(cache_override):
     `planned_variant.prefetch(*jobs)` (each job a list of overrides, in the order the tests
     will ask for them) hands the exports not yet made to one background process, which makes
     them from the last one back; asked for one it has not started, this process makes it
-    itself. Tests asking in order meet the background halfway: two cores export at once."""
+    itself. Tests asking in order meet the background halfway: two cores export at once.
+    Only while a core is idle: on a busy machine a second process would only add its own
+    start-up (torch, transformers, executorch imports) to the work, so this process makes
+    them all as they are asked for."""
     import multiprocessing
     from concurrent.futures import Future, ProcessPoolExecutor
 
@@ -154,7 +158,7 @@ def planned_variant(cache_override):
             pv, job = plan_one(overrides)
             if pv.export_key not in made and not (Path(job.spec.out_dir) / "meta.json").is_file():
                 todo.append((pv.export_key, job.spec))
-        if not todo:
+        if not todo or os.getloadavg()[0] > (os.cpu_count() or 1) - 0.5:  # this process counts one
             return
         # spawned: nothing of this process (threads, torch state) is inherited
         pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
