@@ -250,7 +250,9 @@ def main() -> None:
         f"\n{args.model} decode, context {args.context_len}, {args.threads} thread(s), "
         f"{args.rounds} interleaved rounds x {args.calls} calls"
     )
-    print(f"{'backend':<12} {'bare us':>9} {'harness us':>11} {'ratio':>7} {'round ratio':>12} {'IQR':>13} {'slower':>7}")
+    print(
+        f"{'backend':<12} {'bare us':>9} {'harness us':>11} {'ratio':>7} {'round ratio':>12} {'IQR':>13} {'slower':>7}"
+    )
     for b, r in rows.items():
         iqr = f"{r['round_ratio_q1']:.3f}-{r['round_ratio_q3']:.3f}"
         print(

@@ -19,7 +19,8 @@
 # Env: OUT, GPU_CHECK_SECONDS (480: the whole script's budget), GPU_CHECK_WORK (exports,
 # artifacts, Hydra's folders: /tmp/phasesweep_gpu_check), DTYPES (bfloat16,float16),
 # CONTEXT_LEN (1024), PROMPT_LEN (128), SKIP_PREFLIGHT=1, PYTHON (the interpreter that
-# makes the venv; the project needs Python 3.11).
+# makes the venv; the project needs Python 3.11), PHASESWEEP_PY (an interpreter with the
+# project's packages already installed: no venv is made and no package is touched).
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 1
@@ -108,19 +109,24 @@ export PYTHONUNBUFFERED=1
 echo "== phasesweep GPU check, $(date -u +%FT%TZ), budget ${BUDGET}s, out $OUT_DIR, work $WORK"
 
 # -- the environment -----------------------------------------------------------------------
-PY=$ROOT/.venv/bin/python
-if [[ ! -x "$PY" ]]; then
-    BOOT=${PYTHON:-$(command -v python3.11 || command -v python3)}
-    echo "== no .venv: creating one with $BOOT and installing the project (pip install -e .)"
-    "$BOOT" -m venv .venv && "$PY" -m pip install -q -e . || { echo "!! venv/install failed"; exit 1; }
-fi
-ORT_VERSION=$(sed -n 's/.*"onnxruntime==\([^"]*\)".*/\1/p' pyproject.toml)
-if "$PY" -m pip show -q onnxruntime-gpu >/dev/null 2>&1; then
-    echo "== onnxruntime-gpu $("$PY" -m pip show onnxruntime-gpu | sed -n 's/^Version: //p') installed"
-else  # PyPI's onnxruntime has the CPU provider only; both install the same module, so one goes first
-    echo "== swapping onnxruntime for onnxruntime-gpu==$ORT_VERSION (PyPI's onnxruntime is CPU-only)"
-    "$PY" -m pip uninstall -y -q onnxruntime
-    "$PY" -m pip install -q "onnxruntime-gpu==$ORT_VERSION" || echo "!! could not install onnxruntime-gpu==$ORT_VERSION"
+if [[ -n "${PHASESWEEP_PY:-}" ]]; then  # an interpreter prepared elsewhere: its packages are left alone
+    PY=$PHASESWEEP_PY
+    echo "== using PHASESWEEP_PY=$PY as it is"
+else
+    PY=$ROOT/.venv/bin/python
+    if [[ ! -x "$PY" ]]; then
+        BOOT=${PYTHON:-$(command -v python3.11 || command -v python3)}
+        echo "== no .venv: creating one with $BOOT and installing the project (pip install -e .)"
+        "$BOOT" -m venv .venv && "$PY" -m pip install -q -e . || { echo "!! venv/install failed"; exit 1; }
+    fi
+    # PyPI's onnxruntime has the CPU provider only: swap it for onnxruntime-gpu of the version
+    # pyproject pins (both install the same module, so the CPU one goes first)
+    if ! "$PY" -c "import onnxruntime as o, sys; sys.exit('CUDAExecutionProvider' not in o.get_available_providers())" 2>/dev/null; then
+        ORT_VERSION=$(sed -n 's/.*"onnxruntime==\([^"]*\)".*/\1/p' pyproject.toml)
+        echo "== swapping onnxruntime for onnxruntime-gpu==$ORT_VERSION (PyPI's onnxruntime is CPU-only)"
+        "$PY" -m pip uninstall -y -q onnxruntime onnxruntime-gpu
+        "$PY" -m pip install -q "onnxruntime-gpu==$ORT_VERSION" || echo "!! could not install onnxruntime-gpu==$ORT_VERSION"
+    fi
 fi
 # A provider that is listed can still fail to load (CUDA/cuDNN libraries of another major
 # version): then ONNX Runtime falls back to the CPU silently. So run a one-node model.
@@ -206,6 +212,8 @@ fi
 #                                   (CUDA events, no host noise); the median's 2% CI is met in about a second
 #   bench.threads=1                 the host side of a CUDA benchmark needs one thread
 #   tracking.max_model_mb=0         never copy the 2.5 GB exported models into MLflow
+#   tracking.resume=false           a rerun measures every variant again (a check, not a cache), so the
+#                                   table, which lists the latest sweep's own runs, is always complete
 #   cluster.export_cache=$WORK/...  exports (GBs) on local disk, not in $OUT
 #   cluster.max_retries=0           a retry would not fit the budget
 #   cluster.task_timeout_s          no task outlives the deadline
@@ -223,7 +231,7 @@ timeout -s INT -k 30 "$LEFT" "$PY" sweep.py -m \
     phase=prefill,decode backend=eager,compile,onnxruntime device=cuda \
     "phase.prompt_len=$PROMPT_LEN" "phase.context_len=$CONTEXT_LEN" \
     bench.warmup_max_seconds=2 bench.min_seconds=1 bench.max_seconds=4 bench.threads=1 \
-    "tracking.uri=sqlite:///$OUT_DIR/gpu.db" "tracking.artifact_root=$WORK/mlartifacts" tracking.max_model_mb=0 \
+    "tracking.uri=sqlite:///$OUT_DIR/gpu.db" "tracking.artifact_root=$WORK/mlartifacts" tracking.max_model_mb=0 tracking.resume=false \
     "cluster.export_cache=$WORK/export_cache" cluster.max_retries=0 "cluster.task_timeout_s=$LEFT" \
     "hydra.sweep.dir=$WORK/multirun"
 rc=$?
