@@ -5,18 +5,22 @@
     python -m orchestrator.compare A B --min-effect 0.05 --alpha 0.05 --uri sqlite:///x/mlflow.db
 
 For every variant (child run that ended ok, matched by run name) of both sweeps, from the
-`latency_samples.json` artifacts: the ratio of medians candidate / baseline, its bootstrap
-95% interval, and a two-sided Mann-Whitney U p-value, Holm-corrected across the variants.
+`latency_samples.json` artifacts (in the order they were timed): the ratio of medians
+candidate / baseline, its 95% block-bootstrap interval, and a two-sided Mann-Whitney U
+p-value of the runs' block medians, Holm-corrected across the variants. Each run is cut into
+20 contiguous blocks, the unit of both: consecutive calls share the machine's state, so
+single calls are not independent samples.
 
     slower        the whole interval lies above 1 + min_effect, and the corrected p < alpha
     faster        the whole interval lies below 1 - min_effect, and the corrected p < alpha
     same          the whole interval lies within [1 - min_effect, 1 + min_effect]
     inconclusive  anything else: measure more, or accept a coarser min_effect
 
-A variant measured on shared cores on either side (metric shared_cores) is called slower or
-faster only beyond 50% (its interval describes the noise within each run, not a load that
-came or went between the two sweeps); `same` keeps the min-effect band; in between it is
-inconclusive.
+A variant measured on shared cores on either side (metric shared_cores), or whose runs'
+machine-speed probes (metric machine_probe_us, tasks/bench.py) differ by more than
+min_effect, is called slower or faster only beyond 50% (its interval describes the noise
+within each run, not a load or machine speed that came or went between the two sweeps);
+`same` keeps the min-effect band; in between it is inconclusive, and the table says why.
 
 The table is printed and logged on the candidate's sweep run (compare.txt, compare.json, tag
 compare.baseline). Exit status: 1 when any variant is slower, 0 otherwise, 2 on usage errors
@@ -30,7 +34,8 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +46,14 @@ from orchestrator.report import table
 from orchestrator.tracking import resolve_uri
 
 SAMPLES = "latency_samples.json"
+BLOCKS = 20  # contiguous blocks per run: the unit of the bootstrap and of the rank test
+SKETCH = 101  # quantiles kept per block
 VERDICTS = ("slower", "faster", "same", "inconclusive")
 # the minimum effect for a variant measured on shared cores (other processes took >5% of its
-# cores' time during the timed window, tasks/machine.py): within-run noise says nothing of a
-# load that came or went between the two sweeps
-SHARED_MIN_EFFECT = 0.5
+# cores' time during the timed window, tasks/machine.py) or on a machine whose own speed
+# changed between the runs (tasks/bench.py's probe): within-run noise says nothing of a load
+# or a speed that came or went between the two sweeps
+DISTURBED_MIN_EFFECT = 0.5
 
 
 class UsageError(Exception):
@@ -55,28 +63,27 @@ class UsageError(Exception):
 # -- statistics (pure) ----------------------------------------------------------------------
 
 
-def bootstrap_medians(sorted_x: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """The medians of len(u) bootstrap resamples of `sorted_x` (ascending), one per uniform in u.
+def block_sketches(samples: np.ndarray, blocks: int = BLOCKS) -> np.ndarray:
+    """(k, SKETCH) array: `samples`, in the order they were timed, cut into k = min(blocks, n)
+    contiguous blocks of (nearly) equal size, each summarised by SKETCH evenly spaced quantiles.
 
-    Drawn from their distribution rather than by resampling: the r-th order statistic of a
-    resample of n is at or below x_(k) exactly when at least r of its n draws are, so
-    P(X*_(r) <= x_(k)) = P(Binomial(n, k/n) >= r), and inverting that CDF at u gives the
-    draw. Exact for odd n and O(n) whatever the resample count, so 100k-sample runs cost
-    milliseconds. For even n the two middle order statistics are drawn from the same u
-    (their exact marginals, coupled monotonically) and averaged: against plain resampling its
-    interval is a few percent of its width wider at n = 50-400, indistinguishable by n = 4000."""
-    from scipy.stats import binom
+    The block is the unit of resampling and testing: consecutive calls share the machine's
+    state (a core that runs at another speed for a second moves hundreds of calls together),
+    so single calls are not independent and would make intervals too narrow and p-values far
+    too small. The sketch keeps a resample's median to within a quantile step of the median of
+    the blocks' raw samples at a fixed cost, whatever the sample count."""
+    x = np.asarray(samples, dtype=np.float64)
+    k = max(1, min(blocks, x.size))
+    q = np.linspace(0, 1, SKETCH)
+    return np.stack([np.quantile(b, q) for b in np.array_split(x, k)])
 
-    n = sorted_x.size
-    p = np.arange(1, n + 1) / n
 
-    def order_stat(r: int) -> np.ndarray:
-        cdf = np.maximum.accumulate(binom.sf(r - 1, n, p))  # P(X*_(r) <= x_(k)), k = 1..n; 1 at k = n
-        return sorted_x[np.minimum(np.searchsorted(cdf, u), n - 1)]
-
-    if n % 2:
-        return order_stat((n + 1) // 2).astype(np.float64)
-    return (order_stat(n // 2).astype(np.float64) + order_stat(n // 2 + 1)) / 2
+def block_bootstrap_medians(sketches: np.ndarray, rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """Medians of `resamples` non-overlapping block bootstrap resamples: k blocks drawn with
+    replacement from the k of block_sketches(), the median of their pooled quantiles."""
+    k = sketches.shape[0]
+    drawn = sketches[rng.integers(0, k, (resamples, k))]  # (resamples, k, SKETCH)
+    return np.median(drawn.reshape(resamples, -1), axis=1)
 
 
 def verdict(
@@ -120,32 +127,39 @@ def compare_samples(
     seed: int = 0,
     confidence: float = 0.95,
 ) -> dict[str, Any]:
-    """Candidate against baseline, one variant: ratio of medians (candidate / baseline), its
-    percentile-bootstrap interval, the two-sided Mann-Whitney U p-value, and the verdict for
-    that p as is (compare_sweeps re-judges it after the Holm correction across variants)."""
+    """Candidate against baseline, one variant, from samples in the order they were timed:
+    ratio of medians (candidate / baseline), its block-bootstrap percentile interval, the
+    two-sided Mann-Whitney U p-value of the blocks' medians, and the verdict for that p as
+    is (compare_sweeps re-judges it after the Holm correction across variants). Blocks, not
+    calls, are resampled and ranked: see block_sketches()."""
     from scipy.stats import mannwhitneyu
 
-    a = np.sort(np.asarray(baseline_ns, dtype=np.float64))
-    b = np.sort(np.asarray(candidate_ns, dtype=np.float64))
+    a = np.asarray(baseline_ns, dtype=np.float64)
+    b = np.asarray(candidate_ns, dtype=np.float64)
     if a.size == 0 or b.size == 0:
         raise ValueError("both sides need at least one sample")
     med_a, med_b = float(np.median(a)), float(np.median(b))
+    sk_a, sk_b = block_sketches(a), block_sketches(b)
     rng = np.random.default_rng(seed)
-    boot_a = bootstrap_medians(a, rng.random(resamples))
-    boot_b = bootstrap_medians(b, rng.random(resamples))
+    boot_a = block_bootstrap_medians(sk_a, rng, resamples)
+    boot_b = block_bootstrap_medians(sk_b, rng, resamples)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = boot_b / boot_a
     tail = (1 - confidence) / 2 * 100
     low, high = (float(v) for v in np.nanpercentile(ratios, [tail, 100 - tail]))
-    p = float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
+    ratio = med_b / med_a if med_a > 0 else float("inf")
+    low, high = min(low, ratio), max(high, ratio)  # the sketch's quantile steps can leave it a hair outside
+    mid = SKETCH // 2  # each block's median
+    p = float(mannwhitneyu(sk_a[:, mid], sk_b[:, mid], alternative="two-sided").pvalue)
     if not np.isfinite(p):
         p = 1.0
     return {
         "n_baseline": int(a.size),
         "n_candidate": int(b.size),
+        "blocks": [int(sk_a.shape[0]), int(sk_b.shape[0])],
         "median_baseline_ms": med_a / 1e6,
         "median_candidate_ms": med_b / 1e6,
-        "ratio": med_b / med_a if med_a > 0 else float("inf"),
+        "ratio": ratio,
         "ratio_ci_low": low,
         "ratio_ci_high": high,
         "p_value": p,
@@ -160,15 +174,16 @@ def compare_sweeps(
     alpha: float = 0.05,
     resamples: int = 2000,
     seed: int = 0,
-    shared: set[str] | frozenset[str] = frozenset(),
+    disturbed: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """{variant: samples} of two sweeps -> per-variant comparisons (Holm across the variants in
     both, `p_holm` and the final `verdict`) and the variants only one sweep has.
 
-    A variant measured on shared cores on either side (`shared`) is called slower or faster
-    only beyond SHARED_MIN_EFFECT: the interval of each run describes the noise within that
-    run, not a load that came or went between the two, so only a large change is called;
-    `same` still needs the min_effect band."""
+    A variant in `disturbed` ({name: why}, see disturbance()) is called slower or faster only
+    beyond DISTURBED_MIN_EFFECT: the interval of each run describes the noise within that run,
+    not a load or a machine speed that changed between the two, so only a large change is
+    called; `same` still needs the min_effect band."""
+    disturbed = disturbed or {}
     common = sorted(set(baseline) & set(candidate))
     results = [
         {"variant": name, **compare_samples(baseline[name], candidate[name], min_effect, alpha, resamples, seed)}
@@ -176,8 +191,8 @@ def compare_sweeps(
     ]
     for r, p in zip(results, holm([r["p_value"] for r in results]), strict=True):
         r["p_holm"] = p
-        r["shared_cores"] = r["variant"] in shared
-        call = max(min_effect, SHARED_MIN_EFFECT) if r["shared_cores"] else min_effect
+        r["disturbed"] = disturbed.get(r["variant"])
+        call = max(min_effect, DISTURBED_MIN_EFFECT) if r["disturbed"] else min_effect
         r["verdict"] = verdict(r["ratio_ci_low"], r["ratio_ci_high"], p, min_effect, alpha, call)
     return {
         "min_effect": min_effect,
@@ -187,6 +202,31 @@ def compare_sweeps(
         "only_in_baseline": sorted(set(baseline) - set(candidate)),
         "only_in_candidate": sorted(set(candidate) - set(baseline)),
     }
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """How one run's timed window went, from its metrics (tasks/machine.py, tasks/bench.py)."""
+
+    shared_cores: bool = False  # other processes took more than 5% of the bench cores' time
+    probe_us: float | None = None  # the machine-speed probe's median; None in runs from before it
+
+    @classmethod
+    def of(cls, metrics: Mapping[str, float]) -> Conditions:
+        return cls(metrics.get("shared_cores", 0.0) >= 1, metrics.get("machine_probe_us"))
+
+
+def disturbance(base: Conditions, cand: Conditions, min_effect: float) -> str | None:
+    """Why two runs' latencies may not compare, or None: the bench cores were shared in either,
+    or the machine-speed probe's medians differ by more than min_effect (the same code ran at
+    another speed: the change is the machine's, not the candidate's)."""
+    if base.shared_cores or cand.shared_cores:
+        return "shared cores"
+    if base.probe_us and cand.probe_us:
+        speed = cand.probe_us / base.probe_us  # > 1: the candidate's machine was slower
+        if abs(speed - 1) > min_effect:
+            return f"machine speed {1 / speed:.2f}x"
+    return None
 
 
 def compare_rows(report: dict[str, Any]) -> list[dict[str, str]]:
@@ -199,7 +239,7 @@ def compare_rows(report: dict[str, Any]) -> list[dict[str, str]]:
             "ratio": f"{r['ratio']:.3f}",
             "ratio_95ci": f"[{r['ratio_ci_low']:.3f}, {r['ratio_ci_high']:.3f}]",
             "p_holm": f"{r['p_holm']:.2g}",
-            "verdict": r["verdict"] + (" (shared cores)" if r.get("shared_cores") else ""),
+            "verdict": r["verdict"] + (f" ({r['disturbed']})" if r.get("disturbed") else ""),
         }
         for r in report["variants"]
     ]
@@ -267,10 +307,12 @@ def _reused_runs(client: Any, parent_run_id: str, dst: Path) -> list[Any]:
     return [client.get_run(run_id) for run_id in json.loads(Path(local).read_text()).values()]
 
 
-def sweep_samples(client: Any, parent_run_id: str, dst: Path) -> tuple[dict[str, np.ndarray], list[str], set[str]]:
-    """{variant name: samples in ns} of one sweep's variants that ended ok (its child runs and
-    the earlier runs it reused), the names of those without a readable samples artifact, and
-    the names of those measured on shared cores (other processes took their cores' time)."""
+def sweep_samples(
+    client: Any, parent_run_id: str, dst: Path
+) -> tuple[dict[str, np.ndarray], list[str], dict[str, Conditions]]:
+    """{variant name: samples in ns, in the order timed} of one sweep's variants that ended ok
+    (its child runs and the earlier runs it reused), the names of those without a readable
+    samples artifact, and each variant's Conditions."""
     parent = client.get_run(parent_run_id)
     runs = client.search_runs(
         [parent.info.experiment_id],
@@ -281,7 +323,7 @@ def sweep_samples(client: Any, parent_run_id: str, dst: Path) -> tuple[dict[str,
     runs = list(runs) + _reused_runs(client, parent_run_id, dst)
     samples: dict[str, np.ndarray] = {}
     missing = []
-    shared = {r.info.run_name for r in runs if r.data.metrics.get("shared_cores", 0.0) >= 1}
+    conditions: dict[str, Conditions] = {}
     for run in runs:  # newest first: a variant recorded twice counts by its latest run
         name = run.info.run_name
         if name in samples or name in missing:
@@ -292,9 +334,10 @@ def sweep_samples(client: Any, parent_run_id: str, dst: Path) -> tuple[dict[str,
             if data.get("unit", "ns") != "ns" or not data["samples"]:
                 raise ValueError(f"unexpected {SAMPLES}: unit {data.get('unit')!r}, {len(data['samples'])} samples")
             samples[name] = np.asarray(data["samples"], dtype=np.int64)
+            conditions[name] = Conditions.of(run.data.metrics)
         except Exception:
             missing.append(name)
-    return samples, sorted(missing), shared
+    return samples, sorted(missing), conditions
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -330,20 +373,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if base_id == cand_id:
             raise UsageError(f"baseline and candidate are the same sweep ({base_id})")
         with tempfile.TemporaryDirectory(prefix="phasesweep-compare-") as tmp:
-            base, base_missing, base_shared = sweep_samples(client, base_id, Path(tmp))
-            cand, cand_missing, cand_shared = sweep_samples(client, cand_id, Path(tmp))
+            base, base_missing, base_cond = sweep_samples(client, base_id, Path(tmp))
+            cand, cand_missing, cand_cond = sweep_samples(client, cand_id, Path(tmp))
     except UsageError as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
 
-    report = compare_sweeps(base, cand, args.min_effect, args.alpha, args.resamples, shared=base_shared | cand_shared)
+    disturbed = {
+        name: why
+        for name in set(base_cond) & set(cand_cond)
+        if (why := disturbance(base_cond[name], cand_cond[name], args.min_effect))
+    }
+    report = compare_sweeps(base, cand, args.min_effect, args.alpha, args.resamples, disturbed=disturbed)
     report.update(
         baseline=base_id, candidate=cand_id, without_samples={"baseline": base_missing, "candidate": cand_missing}
     )
     lines = [
         f"baseline  = {base_id}",
         f"candidate = {cand_id}",
-        f"ratio = candidate / baseline median; 95% bootstrap interval; Mann-Whitney U p, Holm-corrected; "
+        f"ratio = candidate / baseline median; 95% block-bootstrap interval; Mann-Whitney U p of "
+        f"{BLOCKS} blocks per run, Holm-corrected; "
         f"min effect {args.min_effect:.0%}, alpha {args.alpha:g}",
         "",
         table(compare_rows(report)),

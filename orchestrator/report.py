@@ -37,7 +37,9 @@ def _fmt(value: float | None, spec: str) -> str:
 def status_text(o: Outcome) -> str:
     if o.status == Status.OK:
         spread = o.metrics.get("latency_iqr_rel", 0.0)
-        text = f"ok, unstable (iqr {spread:.0%})" if o.unstable else "ok"
+        machine = o.metrics.get("machine_probe_iqr_rel")  # tasks/bench.py: the machine's own speed
+        why = f"iqr {spread:.0%}" + (f"; machine speed iqr {machine:.0%}" if machine is not None else "")
+        text = f"ok, unstable ({why})" if o.unstable else "ok"
         return text + (f", reused from run {o.reused_from[:8]}" if o.reused_from else "")
     if o.status == Status.FAILED:
         return f"FAILED {o.stage}: {fold(o.error or '')}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
 import numpy as np
@@ -19,6 +19,15 @@ from tasks.specs import BenchOptions, BenchResult
 
 CONFIDENCE = 0.95  # of the median's interval, in the stopping rule and the statistics
 CHECK_GROWTH = 0.10  # the stopping rule is checked each time the sample count grew by 10%
+# The machine's own speed, probed while sampling: PROBE_CALLS timed runs of a fixed pure-Python
+# loop every PROBE_EVERY_NS of the timed window, between timed calls (never inside one), on the
+# benchmark's thread and so its cores; about 1% of the window. A virtual machine's core can run
+# at another speed for seconds (a busy SMT sibling or hypervisor neighbour shows in no counter:
+# on the development VM a bare loop flips between ~60 and ~115 us), and every latency moves
+# with it; the probe's spread says so within a run, its median between runs (orchestrator/compare).
+PROBE_EVERY_NS = 50_000_000
+PROBE_CALLS = 3
+PROBE_LOOP = 2_000  # iterations: ~60-120 us on a 2.5 GHz core
 
 
 @dataclass
@@ -29,6 +38,23 @@ class Measurement:
     warmup_seconds: float
     reached_target: bool = False  # the median's CI half-width ended within bench.target_ci of it
     hit_time_cap: bool = False  # max_seconds ran out before min_iters calls were timed
+    probe_ns: list[int] = field(default_factory=list)  # the machine-speed probe's timings (PROBE_*)
+
+
+def probe_loop(n: int = PROBE_LOOP) -> int:
+    """The machine-speed probe's fixed work: a pure-Python loop (no allocation, no I/O)."""
+    total = 0
+    for i in range(n):
+        total += i
+    return total
+
+
+def probe(samples: list[int], calls: int = PROBE_CALLS) -> None:
+    """Time `calls` runs of probe_loop() into `samples` (ns)."""
+    for _ in range(calls):
+        t0 = time.perf_counter_ns()
+        probe_loop()
+        samples.append(time.perf_counter_ns() - t0)
 
 
 def wall_clock(sync: Callable[[], None]) -> Callable[[Callable[[], object]], int]:
@@ -57,7 +83,8 @@ def measure(
     adaptive_autorange). Time is the larger of the loop's wall time and the sum of the timed
     durations, so a scripted timer drives the rule exactly. The rule is checked every 10%
     more samples, never inside a timed call. The garbage collector is frozen and disabled
-    while sampling (as pyperf does), so no collection lands in a sample.
+    while sampling (as pyperf does), so no collection lands in a sample. The machine's speed
+    is probed before, every PROBE_EVERY_NS during and after sampling (`probe_ns`).
 
     `timer(step) -> ns` defaults to the host clock; GPU sessions pass one built on CUDA
     events, which times the device work itself and synchronises on the end event."""
@@ -81,19 +108,26 @@ def measure(
 
     min_ns, max_ns = opts.min_seconds * 1e9, opts.max_seconds * 1e9
     samples: list[int] = []
+    probes: list[int] = []
     total = 0  # sum of the timed durations, ns
     check_at = max(1, opts.min_iters)
     gc_enabled = gc.isenabled()
     gc.freeze()
     gc.disable()
     try:
+        probe(probes)
         start = time.perf_counter_ns()
+        next_probe = PROBE_EVERY_NS
         while True:
             d = timed(step)
             samples.append(d)
             total += d
             n = len(samples)
-            elapsed = max(time.perf_counter_ns() - start, total)
+            wall = time.perf_counter_ns() - start
+            if wall >= next_probe:
+                probe(probes)
+                next_probe = wall + PROBE_EVERY_NS
+            elapsed = max(wall, total)
             if n >= opts.max_iters or elapsed >= max_ns:
                 break
             if n >= check_at:
@@ -102,6 +136,7 @@ def measure(
                     if rel is not None and rel <= opts.target_ci:
                         break
                 check_at = n + max(1, int(n * CHECK_GROWTH))
+        probe(probes)
     finally:
         if gc_enabled:
             gc.enable()
@@ -114,6 +149,7 @@ def measure(
         warmup_seconds,
         reached_target=rel is not None and rel <= opts.target_ci,
         hit_time_cap=elapsed >= max_ns and n < opts.min_iters,
+        probe_ns=probes,
     )
 
 
@@ -269,15 +305,26 @@ def is_unstable(stats: Mapping[str, float], opts: BenchOptions) -> bool:
     return iqr_rel is not None and iqr_rel > opts.unstable_iqr
 
 
+def probe_metrics(probe_ns: Iterable[int]) -> dict[str, float]:
+    """The machine-speed probe's median (us) and IQR / median: `machine_probe_us`,
+    `machine_probe_iqr_rel`. Empty without probes."""
+    us = np.asarray(list(probe_ns), dtype=np.float64) / 1e3
+    if us.size == 0:
+        return {}
+    p25, median, p75 = (float(v) for v in np.percentile(us, [25, 50, 75]))
+    return {"machine_probe_us": median, "machine_probe_iqr_rel": _ratio(p75 - p25, median) or 0.0}
+
+
 def bench_metrics(m: Measurement, opts: BenchOptions) -> dict[str, float]:
     """summarize(m.samples_ns) plus the loop's verdicts as 0/1 metrics: `unstable`,
-    `reached_target`, `hit_time_cap`."""
+    `reached_target`, `hit_time_cap`, and the machine-speed probe's probe_metrics()."""
     stats = summarize(m.samples_ns)
     return {
         **stats,
         "unstable": float(is_unstable(stats, opts)),
         "reached_target": float(m.reached_target),
         "hit_time_cap": float(m.hit_time_cap),
+        **probe_metrics(m.probe_ns),
     }
 
 

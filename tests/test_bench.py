@@ -47,6 +47,36 @@ def test_measures_at_least_min_iters_and_min_seconds():
     assert len(fast.samples_ns) == 50 and fast.reached_target
 
 
+def test_the_machine_speed_probe_runs_between_calls_through_the_timed_window():
+    """Probes before and after sampling and every PROBE_EVERY_NS of it, never inside a timed
+    call: a step that records when it runs sees no probe while it runs."""
+    from tasks import bench
+
+    inside, spans = [False], []
+    real = bench.probe_loop
+
+    def watched(n=bench.PROBE_LOOP):
+        assert not inside[0], "a probe ran inside a timed call"
+        spans.append(time.perf_counter_ns())
+        return real(n)
+
+    def step():
+        inside[0] = True
+        time.sleep(0.002)
+        inside[0] = False
+
+    opts = BenchOptions(warmup_iters=1, warmup_max_seconds=0, min_iters=5, min_seconds=0.3, max_seconds=5.0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench, "probe_loop", watched)
+        m = measure(step, opts)
+    assert len(m.probe_ns) == len(spans) and len(spans) % bench.PROBE_CALLS == 0
+    # 0.3 s or more of sampling at one probe round per 50 ms, plus the rounds before and after
+    assert len(spans) // bench.PROBE_CALLS >= 2 + 0.3e9 // bench.PROBE_EVERY_NS - 1
+    metrics = bench_metrics(m, opts)
+    assert metrics["machine_probe_us"] == pytest.approx(np.median(m.probe_ns) / 1e3)
+    assert metrics["machine_probe_iqr_rel"] >= 0
+
+
 def test_max_iters_caps_the_loop():
     opts = BenchOptions(warmup_iters=1, warmup_max_seconds=0, min_iters=10, min_seconds=5.0, max_iters=30)
     m = measure(lambda: None, opts)

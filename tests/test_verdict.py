@@ -2,21 +2,23 @@
 test-only `spin` backend (tests/spin_backend/: eager plus a busy-wait of spin_us in every
 timed call) into one MLflow store, compared by `orchestrator.compare.main`.
 
-    baseline   spin_us=0      \
-    rerun      spin_us=0       > the same variant name, llama_decode_spin_cpu
-    candidate  spin_us=300    /
+    baseline   spin_us=5000   \
+    rerun      spin_us=5000    > the same variant name, llama_decode_spin_cpu
+    candidate  spin_us=10000  /
 
 - baseline vs rerun: nothing changed, so never `slower` (exit 0);
-- baseline vs candidate: `slower` (exit 1), the ratio of medians what 300 us on top of the
-  baseline's own median predicts, its bootstrap interval wholly above 1 + min_effect.
+- baseline vs candidate: `slower` (exit 1), the ratio of medians what 5 ms on top of the
+  baseline's own median predicts, its interval wholly above 1 + min_effect.
+
+The spin is wall-clock time, so it takes the same 5 or 10 ms whatever the machine's speed,
+and dominates the tiny model's call (~0.3-1 ms, which this VM's core stretches up to 2x for
+seconds at a time): the verdicts hold on a steady machine and on a flipping one. Where the
+machine's speed did change between two sweeps, compare says so (its speed probe) and asks a
+50% effect before calling one: the 2x slowdown is called anyway, the rerun never is.
 
 The sweeps run in this process (configs composed with Hydra's compose API, run_sweep called
 directly, on one local Ray started for the three) and share the session's export cache, so
 the decode export (format `none`, the same entry eager uses) is made at most once.
-
-Sweeps timed one after another compare only if the machine ran them alike. Where the runs'
-own records say it did not (the bench core shared, or their fastest calls apart by more than
-min_effect), a failed judgement is a skip that names why; a steady machine makes it a failure.
 """
 
 from __future__ import annotations
@@ -24,30 +26,29 @@ from __future__ import annotations
 import json
 import os
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import CONF, SHAPE_OVERRIDES
 
-pytestmark = [pytest.mark.slow, pytest.mark.skip(reason="failed on the loaded 2-core machine at the end of the session (run-to-run load shifts); to be made robust next session")]
+pytestmark = pytest.mark.slow
 SPIN = Path(__file__).resolve().parent / "spin_backend"
 VARIANT = "llama_decode_spin_cpu"
-SPIN_US = 300
+SPIN_US = 5000
 MIN_EFFECT = 0.05  # compare's default, passed explicitly so the assertions below say what they rely on
-# Enough samples for a tight interval, bounded in time: ~0.5-1 s of timing per sweep.
+# Enough samples for a tight interval, bounded in time: ~0.6-3 s of timing per sweep.
 BENCH = [
     "bench.threads=1",
     "bench.warmup_iters=5",
     "bench.warmup_max_seconds=0.5",
-    "bench.min_iters=200",
+    "bench.min_iters=100",
     "bench.min_seconds=0.5",
     "bench.max_seconds=3",
     "bench.target_ci=0.02",
     "bench.repeats=1",
 ]
-SPINS = {"baseline": 0, "rerun": 0, "candidate": SPIN_US}
+SPINS = {"baseline": SPIN_US, "rerun": SPIN_US, "candidate": 2 * SPIN_US}
 
 
 def compose(overrides: list[str]):
@@ -115,41 +116,14 @@ def sweeps(tmp_path_factory, mlflow_db, cache_override):
 
 
 def machine(sweeps, name: str) -> str:
-    """How the sweep's timed window went: its median, its fastest call and what else ran on the bench core."""
+    """How the sweep's timed window went: its median, its fastest call, the machine-speed
+    probe and what else ran on the bench core (printed beside each verdict)."""
     m = sweeps["runs"][name].data.metrics
     return (
-        f"{name}: median {m['latency_ms_median']:.3f} ms, min {m['latency_ms_min']:.3f} ms, other processes "
-        f"took {m.get('other_cpu_fraction', 0):.0%} of the bench core"
+        f"{name}: median {m['latency_ms_median']:.3f} ms, min {m['latency_ms_min']:.3f} ms, speed probe "
+        f"{m['machine_probe_us']:.0f} us (iqr {m['machine_probe_iqr_rel']:.0%}), other processes took "
+        f"{m.get('other_cpu_fraction', 0):.0%} of the bench core"
     )
-
-
-def disturbances(sweeps, baseline: str, candidate: str) -> list[str]:
-    """Why two sweeps timed one after another may not compare: the bench core was shared
-    while timing (the runs' own `shared_cores` flag, tasks/machine.py), or the machine ran at
-    another speed (their fastest calls, the spin taken off, differ by more than min_effect:
-    a busy SMT sibling or hypervisor neighbour slows every call and shows in no counter)."""
-    runs = sweeps["runs"]
-    out = [machine(sweeps, n) for n in (baseline, candidate) if runs[n].data.metrics.get("shared_cores")]
-    fastest = {n: runs[n].data.metrics["latency_ms_min"] - SPINS[n] / 1000 for n in (baseline, candidate)}
-    speed = fastest[candidate] / fastest[baseline]
-    if abs(speed - 1) > MIN_EFFECT:
-        out.append(f"the fastest unspun call took {speed:.2f}x as long in the {candidate} as in the {baseline}")
-    return out
-
-
-@contextmanager
-def on_a_steady_machine(sweeps, baseline: str, candidate: str):
-    """Latencies of sweeps run one after another compare only on a machine that ran both
-    alike. A failed check is reported as a skip, with the reasons, when the runs' own
-    records say it did not: then the test cannot tell a wrong verdict from a disturbed
-    measurement. On a steady machine it fails."""
-    try:
-        yield
-    except AssertionError as e:
-        reasons = disturbances(sweeps, baseline, candidate)
-        if not reasons:
-            raise
-        pytest.skip(f"not judged, the machine was not steady ({'; '.join(reasons)}): {e}")
 
 
 def compare(sweeps, baseline: str, candidate: str, capsys) -> tuple[int, dict, str]:
@@ -180,20 +154,18 @@ def compare(sweeps, baseline: str, candidate: str, capsys) -> tuple[int, dict, s
 
 def test_an_identical_rerun_is_never_slower(sweeps, capsys):
     code, row, printed = compare(sweeps, "baseline", "rerun", capsys)
-    with on_a_steady_machine(sweeps, "baseline", "rerun"):
-        assert code == 0 and row["verdict"] in ("same", "inconclusive"), printed
+    assert code == 0 and row["verdict"] in ("same", "inconclusive"), printed
 
 
 def test_a_known_slowdown_is_slower_by_its_size(sweeps, capsys):
     code, row, printed = compare(sweeps, "baseline", "candidate", capsys)
     base_ms = row["median_baseline_ms"]
     expected = (base_ms + SPIN_US / 1000) / base_ms  # from the baseline's own median
-    assert row["n_baseline"] >= 200 and row["n_candidate"] >= 200
+    assert row["n_baseline"] >= 100 and row["n_candidate"] >= 100
     assert row["ratio_ci_low"] <= row["ratio"] <= row["ratio_ci_high"]
-    with on_a_steady_machine(sweeps, "baseline", "candidate"):
-        assert code == 1 and row["verdict"] == "slower" and "1 slower" in printed, printed
-        assert row["ratio_ci_low"] > 1 + MIN_EFFECT
-        assert row["ratio"] == pytest.approx(expected, rel=0.15), f"expected {expected:.3f}"
+    assert code == 1 and row["verdict"] == "slower" and "1 slower" in printed, printed
+    assert row["ratio_ci_low"] > 1 + MIN_EFFECT
+    assert row["ratio"] == pytest.approx(expected, rel=0.15), f"expected {expected:.3f}"
 
 
 def test_the_sweeps_measured_what_they_were_given(sweeps):
@@ -202,10 +174,11 @@ def test_the_sweeps_measured_what_they_were_given(sweeps):
     runs = sweeps["runs"]
     for name, run in runs.items():
         assert run.info.run_name == VARIANT and run.data.tags["status"] == "ok" and run.data.tags["parity"] == "passed"
-        assert run.data.params["runtime.spin_us"] == str(SPIN_US if name == "candidate" else 0)
-        assert run.data.params["bench.threads"] == "1" and run.data.metrics["iterations"] >= 200
+        assert run.data.params["runtime.spin_us"] == str(SPINS[name])
+        assert run.data.params["bench.threads"] == "1" and run.data.metrics["iterations"] >= 100
+        assert run.data.metrics["machine_probe_us"] > 0
     assert runs["rerun"].data.tags["export_cache_hit"] == "True"
     assert runs["candidate"].data.tags["export_cache_hit"] == "True"
     # the spin is wall-clock time inside every timed call: no quieter machine takes it away
-    assert runs["candidate"].data.metrics["latency_ms_min"] >= SPIN_US / 1000
+    assert runs["candidate"].data.metrics["latency_ms_min"] >= 2 * SPIN_US / 1000
     assert runs["baseline"].data.metrics["latency_ms_min"] < runs["candidate"].data.metrics["latency_ms_min"]
