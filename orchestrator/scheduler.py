@@ -102,6 +102,19 @@ def check_reachable(address: str) -> None:
         ) from None
 
 
+def _watch_local_session(ray: Any) -> Any:
+    """Start the watchdog (orchestrator/reaper.py) of the local Ray just started: when this
+    driver is gone, however it ended (SIGKILL included), the watchdog ends what of the Ray
+    session outlives it (its agents did, for a minute). None when Ray's node is not found."""
+    from orchestrator import reaper
+
+    node = getattr(ray._private.worker, "_global_node", None)  # Ray's own record of what it started
+    pids = [info.process.pid for infos in getattr(node, "all_processes", {}).values() for info in infos]
+    if not pids:  # not a node this process started (one joined has no processes of ours)
+        return None
+    return reaper.watch(node.get_session_dir_path(), pids)
+
+
 def _restore_sigterm(handler: Any) -> None:
     """ray.init replaces the driver's SIGTERM handler (with sys.exit(15), and a C++ handler
     that dumps a stack and aborts: exit 134); put the driver's back, so SIGTERM unwinds
@@ -142,6 +155,7 @@ class Scheduler:
         self.seed = seed if seed is not None else random.randrange(2**31)
         self.rng = random.Random(self.seed)
         self.owned = False
+        self.watchdog: Any = None  # orchestrator.reaper.Watchdog of the local Ray this driver started
         self.queue: deque[_Task] = deque()
         self.running: dict[Any, _Task] = {}
 
@@ -174,6 +188,7 @@ class Scheduler:
                     _node_ip_address="127.0.0.1",
                     **common,
                 )
+                self.watchdog = _watch_local_session(ray)
             else:
                 check_reachable(self.cluster.address)
                 ray.init(address=self.cluster.address, **common)
@@ -186,9 +201,14 @@ class Scheduler:
     def stop(self) -> None:
         import ray
 
-        if self.owned and ray.is_initialized():
-            ray.shutdown()
-            self.owned = False
+        try:
+            if self.owned and ray.is_initialized():
+                ray.shutdown()
+                self.owned = False
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.close()  # it ends what ray.shutdown left, if anything, and exits
+                self.watchdog = None
 
     def _capacity(self) -> Capacity:
         import ray
