@@ -10,8 +10,8 @@ blocks (which one goes first alternates too) so drift and noise hit both alike:
   compile       the same torch.compile'd module called         bind(feeds) -> zero-arg call,
                 directly, the same way                         timed by tasks.bench.measure
   onnxruntime   InferenceSession.run_with_iobinding            with the session's sync and
-  executorch    Method.execute                                 timer (compile: inside its
-                                                               timed_region, as bench_job)
+  executorch    Method.execute                                 timer (eager, compile: inside
+                                                               its timed_region, as bench_job)
 
 Eager and compile time the very module object the harness's session holds (compile: the
 graph compiled once, in load()), so only the calling and timing around it differ.
@@ -157,7 +157,7 @@ def bare_executorch(path: Path, feeds: dict[str, np.ndarray], threads: int):
 def harness(session, feeds: dict[str, np.ndarray]):
     """The session's bound call timed by measure(), exactly n timed calls per block."""
     call = session.bind(feeds)
-    region = getattr(session, "timed_region", nullcontext)  # compile: a recompile raises
+    region = getattr(session, "timed_region", nullcontext)  # torch: inference mode; compile: a recompile raises
 
     def block(n: int) -> list[int]:
         opts = BenchOptions(

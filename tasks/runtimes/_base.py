@@ -34,3 +34,6 @@ class Session(Protocol):
 
     # optional: run_steps(feeds, tokens [B, N], start) -> N logits, consecutive decode steps
     # fed back on the device; parity uses it when present, else a host loop over run()
+    # optional: timed_region() -> a context manager the harness enters around the first timed
+    # call and around measure()'s whole loop; bind()'s call may rely on it (torch: inference
+    # mode is entered there once, not per call; compile: a recompile inside it raises)
