@@ -10,10 +10,12 @@ once; a single run goes through the same orchestrator entry point and exit path 
 from pathlib import Path
 
 import hydra
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from orchestrator.entry import run_or_exit
+from orchestrator.launcher import grid_settings
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="sweep")
@@ -21,7 +23,10 @@ def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
     command = f"python sweep.py {' '.join(overrides)}"
-    run_or_exit([cfg], [overrides], Path(hc.runtime.output_dir), command, dry_run=bool(hc.launcher.get("dry_run")))
+    grid = grid_settings(hc.launcher, GlobalHydra.instance().config_loader())  # hydra.launcher.exclude/include/...
+    run_or_exit(
+        [cfg], [overrides], Path(hc.runtime.output_dir), command, dry_run=bool(hc.launcher.get("dry_run")), grid=grid
+    )
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
@@ -212,45 +213,140 @@ def _section(cfg: DictConfig, key: str) -> Any:
     return obj
 
 
+# the checks of one group's content alone, in the order validate() makes them
+_CHECKS: dict[str, Callable[[Any], None]] = {
+    "model": ModelCfg.check,
+    "backend": BackendCfg.check,
+    "device": DeviceCfg.check,
+    "bench": check_bench,
+    "cluster": ClusterCfg.check,
+    "tracking": TrackingCfg.check,
+}
+
+
+class Sections(Protocol):
+    """A sweep's jobs read by group (orchestrator.compose.JobConfigs): `section_keys(i, keys)`
+    gives, for each top-level key, a key equal for two jobs whose group has equal content;
+    `read_section(i, key)` a config whose `key` is job i's group."""
+
+    def top_keys(self, idx: int) -> tuple[str, ...]: ...
+
+    def section_keys(self, idx: int, keys: Sequence[str]) -> tuple[Hashable, ...]: ...
+
+    def read_section(self, idx: int, key: str) -> DictConfig: ...
+
+
+class _Each:
+    """Sections of plain configs: nothing shared, every job read as it is."""
+
+    def __init__(self, configs: Sequence[DictConfig]):
+        self.configs = configs
+
+    def top_keys(self, idx: int) -> tuple[str, ...]:
+        return tuple(str(k) for k in self.configs[idx])
+
+    def section_keys(self, idx: int, keys: Sequence[str]) -> tuple[Hashable, ...]:
+        return tuple((idx, key) for key in keys)
+
+    def read_section(self, idx: int, key: str) -> DictConfig:
+        return self.configs[idx]
+
+
+class _Validator:
+    """validate(), each step made once per distinct input: a group's conversion and checks
+    once per distinct content, the model's architecture once per model group, the phase's
+    checks once per (phase, model) pair. Outcomes (objects or ConfigErrors) are kept, so a
+    job raises exactly what validate() of its whole config raises, in the same order."""
+
+    def __init__(self, sections: Sections):
+        self.sections = sections
+        self.converted: dict[Hashable, Any] = {}  # section key -> dataclass | ConfigError
+        self.checked: dict[Hashable, ConfigError | None] = {}
+        self.models: dict[Hashable, tuple[dict[str, Any], dict[str, int]] | ConfigError] = {}  # arch, dims
+        self.phases: dict[tuple[Hashable, Hashable], PhaseSpec | ConfigError] = {}
+
+    @staticmethod
+    def _outcome(fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except ConfigError as e:
+            return e
+
+    def point(self, idx: int) -> SweepPoint:
+        top = self.sections.top_keys(idx)
+        unknown = [k for k in top if k not in _SCHEMAS and k != "hydra"]
+        if unknown:
+            raise ConfigError(f"unknown top-level key(s) {', '.join(unknown)}; allowed: {', '.join(_SCHEMAS)}")
+        keys = dict(zip(_SCHEMAS, self.sections.section_keys(idx, tuple(_SCHEMAS)), strict=True))
+        parts = {}
+        for key in _SCHEMAS:
+            if keys[key] not in self.converted:
+                self.converted[keys[key]] = self._outcome(
+                    lambda key=key: _section(self.sections.read_section(idx, key), key)
+                )
+            parts[key] = self.converted[keys[key]]
+            if isinstance(parts[key], ConfigError):
+                raise parts[key]
+        for key, check in _CHECKS.items():
+            if keys[key] not in self.checked:
+                self.checked[keys[key]] = self._outcome(lambda check=check, key=key: check(parts[key]))
+            if self.checked[keys[key]] is not None:
+                raise self.checked[keys[key]]
+        point = SweepPoint(**parts)
+        pair = (keys["phase"], keys["model"])
+        if pair not in self.phases:
+            self.phases[pair] = self._outcome(lambda: self._phase(point, keys["model"]))
+        if isinstance(self.phases[pair], ConfigError):
+            raise self.phases[pair]
+        point.phase = self.phases[pair]
+        point.arch = self.models[keys["model"]][0]
+        return point
+
+    def _phase(self, point: SweepPoint, key: Hashable) -> PhaseSpec:
+        phase = phase_module(point.phase.name)
+        spec = phase.normalize(point.phase, point.model.kv_cache)
+        phase.check(spec)  # what the config alone decides ...
+        if key not in self.models:
+            self.models[key] = self._outcome(lambda: _architecture(point.model))
+        model = self.models[key]
+        if isinstance(model, ConfigError):
+            raise model
+        phase.check(spec, model[1])  # ... and against the model's dimensions
+        return spec
+
+
+def _architecture(model: ModelCfg) -> tuple[dict[str, Any], dict[str, int]]:
+    arch = model.architecture()
+    try:
+        dims = model_dims(model.family, arch)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"model.checkpoint={model.checkpoint!r}: config.json lacks {e}") from None
+    return arch, dims
+
+
 def validate(cfg: DictConfig) -> SweepPoint:
     """The composed config as checked dataclasses, or a ConfigError."""
-    unknown = [k for k in cfg if k not in _SCHEMAS and k != "hydra"]
-    if unknown:
-        raise ConfigError(f"unknown top-level key(s) {', '.join(unknown)}; allowed: {', '.join(_SCHEMAS)}")
-    point = SweepPoint(**{key: _section(cfg, key) for key in _SCHEMAS})
-    point.model.check()
-    point.backend.check()
-    point.device.check()
-    check_bench(point.bench)
-    point.cluster.check()
-    point.tracking.check()
-    phase = phase_module(point.phase.name)
-    point.phase = phase.normalize(point.phase, point.model.kv_cache)
-    phase.check(point.phase)  # what the config alone decides ...
-    point.arch = point.model.architecture()
-    try:
-        dims = model_dims(point.model.family, point.arch)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"model.checkpoint={point.model.checkpoint!r}: config.json lacks {e}") from None
-    phase.check(point.phase, dims)  # ... and against the model's dimensions
-    return point
+    return _Validator(_Each([cfg])).point(0)
 
 
-def validate_all(configs: list[DictConfig], overrides: list[list[str]]) -> list[SweepPoint]:
+def validate_all(configs: Sequence[DictConfig], overrides: list[list[str]]) -> list[SweepPoint]:
     """Every job validated; all errors at once, each distinct message once with the jobs
-    it affects (a 1,000-job grid with one bad value prints one line, not 1,000)."""
+    it affects (a 1,000-job grid with one bad value prints one line, not 1,000). Configs
+    that can be read by group (orchestrator.compose.JobConfigs) are validated once per
+    distinct group content: the points share those groups' (never changed) objects."""
+    validator = _Validator(configs if hasattr(configs, "section_keys") else _Each(configs))  # type: ignore[arg-type]
     points: list[SweepPoint] = []
     errors: dict[str, list[int]] = {}
-    for idx, cfg in enumerate(configs):
+    for idx in range(len(configs)):
         try:
-            points.append(validate(cfg))
+            points.append(validator.point(idx))
         except ConfigError as e:
             errors.setdefault(str(e), []).append(idx)
     if errors:
         lines = [msg + _jobs_text(jobs, overrides, len(configs)) for msg, jobs in errors.items()]
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
     for group in ("tracking", "cluster"):  # one sweep is one MLflow parent run on one Ray
-        values = {repr(getattr(p, group)) for p in points}
+        values = {repr(v) for v in {id(getattr(p, group)): getattr(p, group) for p in points}.values()}
         if len(values) > 1:
             raise ConfigError(
                 f"{group}.* must be the same for every job of a sweep; got {len(values)} different "
@@ -265,4 +361,3 @@ def _jobs_text(jobs: list[int], overrides: list[list[str]], total: int, shown: i
     listed = ", ".join(f"#{j} ({' '.join(overrides[j])})" for j in jobs[:shown])
     more = f" and {len(jobs) - shown} more" if len(jobs) > shown else ""
     return f"  [{len(jobs)} of {total} jobs: {listed}{more}]"
-

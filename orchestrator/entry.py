@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -29,17 +31,23 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def run_or_exit(
-    configs: list[DictConfig], overrides: list[list[str]], out_dir: Path, command: str, dry_run: bool = False
+    configs: Sequence[DictConfig],
+    overrides: list[list[str]],
+    out_dir: Path,
+    command: str,
+    dry_run: bool = False,
+    grid: dict[str, Any] | None = None,
 ) -> dict[int, Outcome]:
-    """orchestrator.run.run_sweep, or SystemExit: 'phasesweep: <what is wrong>' for a bad config,
-    'phasesweep: N variant(s) failed: a, b' (status 1) when any variant failed."""
+    """orchestrator.run.run_sweep, or SystemExit: 'phasesweep: <what is wrong>' for a bad config
+    (or grid rule), 'phasesweep: N variant(s) failed: a, b' (status 1) when any variant failed.
+    `grid`: the launcher's grid control (orchestrator.launcher.grid_settings)."""
     # MLflow sets up its own loggers when imported (INFO to stderr); the driver shows their warnings only
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     from orchestrator.run import run_sweep  # the driver loads when a run starts: sweep.py --help stays fast
 
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        outcomes = run_sweep(configs, overrides, out_dir, command, dry_run=dry_run)
+        outcomes = run_sweep(configs, overrides, out_dir, command, dry_run=dry_run, grid=grid)
     except ConfigError as e:
         sys.exit(f"phasesweep: {e}")
     except KeyboardInterrupt:  # every open run is closed KILLED by now, Ray is shut down

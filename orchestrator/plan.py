@@ -3,14 +3,17 @@ export jobs. The plan is final when made: nothing mutates it afterwards."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from functools import cached_property
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from orchestrator.config import SweepPoint
+from orchestrator.grid import GridRules
 from orchestrator.placement import (
     Capacity,
     Request,
@@ -54,16 +57,21 @@ class PlannedVariant:
 
     name: str
     variant: Variant  # bench.threads resolved against the cluster
-    config: DictConfig  # the composed config (without the hydra node)
     jobs: tuple[int, ...]  # Hydra job indices this variant answers
     bench: BenchSpec
     request: Request  # the benchmark's Ray options and pool
     unplaceable: str | None = None  # why no node can run it: it fails before any export
     warning: str | None = None
+    configs: Sequence[DictConfig] = field(default=(), repr=False, compare=False)  # the sweep's
 
     @property
     def export_key(self) -> str:
         return self.variant.export_key
+
+    @property
+    def config(self) -> DictConfig:
+        """Its first job's composed config (made when asked: orchestrator.compose)."""
+        return self.configs[self.jobs[0]]
 
 
 @dataclass(frozen=True)
@@ -79,12 +87,30 @@ class Skipped:
     name: str
     reason: str
     variant: Variant
-    config: DictConfig
+    configs: Sequence[DictConfig] = field(default=(), repr=False, compare=False)  # the sweep's
 
     @property
     def key(self) -> str:
         """Unique among a sweep's outcomes: several jobs may skip the same combination."""
         return f"{self.name} (job #{self.job})"
+
+    @property
+    def config(self) -> DictConfig:
+        return self.configs[self.job]
+
+
+@dataclass(frozen=True)
+class Excluded:
+    """Points the grid's rules (orchestrator/grid.py) left out: nothing runs or is recorded."""
+
+    jobs: tuple[int, ...]
+    name: str  # its base name
+    rule: str  # the rule that excluded it, as the plan prints it
+
+    @property
+    def key(self) -> str:
+        more = f" +{len(self.jobs) - 1}" if len(self.jobs) > 1 else ""
+        return f"{self.name} (job #{self.jobs[0]}{more})"
 
 
 @dataclass(frozen=True)
@@ -94,6 +120,7 @@ class Plan:
     variants: tuple[PlannedVariant, ...]
     skipped: tuple[Skipped, ...]
     exports: dict[str, ExportJob]  # export key -> the one job that fills it
+    excluded: tuple[Excluded, ...] = ()  # by the grid's rules, in job order
 
     def variant(self, name: str) -> PlannedVariant:
         return self._by_name[name]
@@ -106,11 +133,10 @@ class Plan:
 def _swept_keys(overrides: list[list[str]]) -> set[str]:
     """Config keys the user set on the command line (`phase.context_len=128,512` -> phase.context_len)."""
     keys = set()
-    for job in overrides:
-        for o in job:
-            key = o.split("=", 1)[0].lstrip("+~")
-            if not key.startswith("hydra"):
-                keys.add(key)
+    for o in {o for job in overrides for o in job}:  # each distinct override once
+        key = o.split("=", 1)[0].lstrip("+~")
+        if not key.startswith("hydra"):
+            keys.add(key)
     return keys
 
 
@@ -122,26 +148,27 @@ def _name_variants(variants: list[Variant], overrides: list[list[str]]) -> list[
     # group choices (bench=quick) make every key of that group eligible
     swept = _swept_keys(overrides) - {"model", "phase", "backend", "device"}
 
+    @cache
     def eligible(key: str) -> bool:
         parts = key.split(".")
-        return any(".".join(parts[:i]) in swept for i in range(1, len(parts) + 1))
+        return any(".".join(parts[:i]) in swept for i in range(1, len(parts) + 1)) and Variant.naming_axis(key)
 
-    axes = [v.naming_axes() for v in variants]
-    groups: dict[str, list[int]] = {}
-    for i, v in enumerate(variants):
-        groups.setdefault(v.base_name, []).append(i)
-    names = [v.base_name for v in variants]
+    groups: dict[str, list[Variant]] = {}
+    for v in variants:
+        groups.setdefault(v.base_name, []).append(v)
+    suffixes: dict[int, str] = {}  # id(variant) -> its name's suffix
     for members in groups.values():
-        keys = sorted({k for i in members for k in axes[i] if eligible(k)})
-        varying = [k for k in keys if len({repr(axes[i].get(k)) for i in members}) > 1]
-        for i in members:
-            parts = [suffix(k, axes[i][k]) for k in varying if axes[i].get(k) is not None]
-            names[i] = "_".join([names[i], *parts])
-    return names
+        keys: set[str] = set()
+        for v in members:
+            keys.update(v.params)
+        varying = [k for k in sorted(filter(eligible, keys)) if len({repr(v.params.get(k)) for v in members}) > 1]
+        for v in members:
+            suffixes[id(v)] = "".join(f"_{suffix(k, v.params[k])}" for k in varying if v.params.get(k) is not None)
+    return [v.base_name + suffixes[id(v)] for v in variants]
 
 
 def _export_dir(cache: Path, v: Variant) -> str:
-    return str(cache / f"{v.model.name}_{v.phase.name}_{v.backend.export_format}-{v.export_key[:16]}")
+    return os.path.join(cache, f"{v.model.name}_{v.phase.name}_{v.backend.export_format}-{v.export_key[:16]}")
 
 
 def unsupported(point: SweepPoint) -> str | None:
@@ -160,36 +187,84 @@ def unsupported(point: SweepPoint) -> str | None:
     return None
 
 
+class _Modules(dict):
+    """name -> module, each looked up once per plan."""
+
+    def __init__(self, find: Any):
+        super().__init__()
+        self.find = find
+
+    def __missing__(self, name: str) -> Any:
+        self[name] = self.find(name)
+        return self[name]
+
+
 def make_plan(
-    points: list[SweepPoint], configs: list[DictConfig], overrides: list[list[str]], capacity: Capacity
+    points: list[SweepPoint],
+    configs: Sequence[DictConfig],
+    overrides: list[list[str]],
+    capacity: Capacity,
+    rules: GridRules | None = None,
 ) -> Plan:
     """The whole grid, resolved against the cluster's capacity: named variants with their
     benchmark specs and resources, skipped combinations with reasons, deduplicated export
-    jobs. Raises ConfigError for a request no node can meet, before any run exists."""
+    jobs, and the points the grid's rules excluded. Raises ConfigError for a request no
+    node can meet, before any run exists. Linear in the grid: every lookup is a dict built
+    once, and what many points share (a model's spec, a phase, a bench setting, an export
+    key) is made once."""
+    rules = rules or GridRules()
     cluster = points[0].cluster
-    valid: list[tuple[int, Variant, DictConfig]] = []
+    memo = Variant.memo()
+    valid: list[tuple[int, Variant]] = []
     skipped: list[Skipped] = []
-    for idx, (point, cfg) in enumerate(zip(points, configs, strict=True)):
-        v = Variant.from_point(point, tuple(overrides[idx]))
-        reason = unsupported(point)
-        if reason:
-            skipped.append(Skipped(idx, v.base_name, reason, v, cfg))
+    excluded: list[Excluded] = []
+    threads_of: dict[tuple[int, str], tuple[Any, Any]] = {}  # (bench options, device) -> (them, resolved)
+    reasons: dict[tuple[int, str, str], tuple[Any, str | None]] = {}  # (backend, device, dtype) -> why skipped
+    for idx, point in enumerate(points):
+        v = Variant.from_point(point, tuple(overrides[idx]), memo)
+        key = (id(v.bench), v.device.name)
+        if key not in threads_of:  # bench.threads null: every core of a bench node
+            threads_of[key] = (
+                v.bench,
+                replace(v.bench, threads=bench_threads(capacity, v.device.name, v.bench.threads)),
+            )
+        resolved = memo.seed(replace(v, bench=threads_of[key][1]))
+        rule = rules.why_excluded(resolved.params) if rules.active else None
+        if rule:
+            excluded.append(Excluded((idx,), v.base_name, rule))
             continue
-        threads = bench_threads(capacity, v.device.name, v.bench.threads)  # "all cores" of a bench node
-        valid.append((idx, replace(v, bench=replace(v.bench, threads=threads)), cfg))
+        why = (id(point.backend), point.device.name, point.model.dtype)  # all unsupported() reads
+        if why not in reasons:
+            reasons[why] = (point.backend, unsupported(point))
+        reason = reasons[why][1]
+        if reason:
+            skipped.append(Skipped(idx, v.base_name, reason, v, configs))
+            continue
+        valid.append((idx, resolved))
 
-    unique: dict[str, tuple[Variant, DictConfig, list[int]]] = {}
-    for idx, v, cfg in valid:  # equal work is one variant, e.g. a decode-only axis swept over prefill
-        unique.setdefault(v.identity(), (v, cfg, []))[2].append(idx)
+    unique: dict[tuple[str, ...], tuple[Variant, list[int]]] = {}
+    for idx, v in valid:  # equal work is one variant, e.g. a decode-only axis swept over prefill
+        unique.setdefault(memo.identity(v), (v, []))[1].append(idx)
     order = list(unique.values())
-    names = _name_variants([v for v, _, _ in order], overrides)
+    if rules.max_variants is not None:  # the first N variants of each model, in grid order
+        kept, per_model = [], {}
+        for v, jobs in order:
+            per_model[v.model.name] = per_model.get(v.model.name, 0) + 1
+            if per_model[v.model.name] <= rules.max_variants:
+                kept.append((v, jobs))
+            else:
+                excluded.append(Excluded(tuple(jobs), v.base_name, rules.cap_text(v.model.name)))
+        order = kept
+        excluded.sort(key=lambda e: e.jobs[0])
+    names = _name_variants([v for v, _ in order], overrides)
 
     cache = Path(cluster.export_cache).expanduser().resolve()
     planned: list[PlannedVariant] = []
     users: dict[str, list[str]] = {}
-    for name, (v, cfg, jobs) in zip(names, order, strict=True):
-        runtime = runtime_module(v.backend.runtime)
-        fmt = format_module(v.backend.export_format)
+    runtimes, formats = _Modules(runtime_module), _Modules(format_module)
+    for name, (v, jobs) in zip(names, order, strict=True):
+        runtime = runtimes[v.backend.runtime]
+        fmt = formats[v.backend.export_format]
         request = bench_request(
             capacity,
             v.device.name,
@@ -215,12 +290,12 @@ def make_plan(
             PlannedVariant(
                 name,
                 v,
-                cfg,
                 tuple(jobs),
                 bench,
                 request,
                 unplaceable=placement_error(capacity, v.device.name, v.weight_bytes),
                 warning=memory_warning(capacity, v.weight_bytes, v.backend.export_format, peak),
+                configs=configs,
             )
         )
         users.setdefault(v.export_key, []).append(name)
@@ -230,7 +305,7 @@ def make_plan(
         v = pv.variant
         if v.export_key in exports:
             continue
-        fmt = format_module(v.backend.export_format)
+        fmt = formats[v.backend.export_format]
         spec = ExportSpec(
             key=v.export_key,
             model=v.model,
@@ -241,4 +316,4 @@ def make_plan(
         )
         request = export_request(capacity, fmt.RESOURCES, v.weight_bytes, fmt.MEMORY_FACTOR, cluster.max_retries)
         exports[v.export_key] = ExportJob(spec, request, tuple(users[v.export_key]))
-    return Plan(points[0], capacity, tuple(planned), tuple(skipped), exports)
+    return Plan(points[0], capacity, tuple(planned), tuple(skipped), exports, tuple(excluded))

@@ -76,14 +76,28 @@ def summary_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
     ]
 
 
-def plan_text(plan: Any) -> str:
-    """The dry run's view of a plan: every variant with its benchmark's resources, every
-    export job with its own and the variants it serves, every skipped combination."""
+def plan_text(plan: Any, existing: dict[str, list[str]] | None = None, resume: bool = True) -> str:
+    """The dry run's view of a plan: every variant with its benchmark's resources and the
+    runs the tracking store already holds for it (`existing`: bench key -> their statuses;
+    with tracking.resume one that ended ok is reused, not measured again), every export
+    job with its own resources and the variants it serves, every skipped combination with
+    its reason, every point the grid's rules excluded with its rule."""
+    existing = existing or {}
+
+    def runs(pv: Any) -> str:
+        if not existing:
+            return "0"
+        found = existing.get(pv.variant.bench_key, [])
+        ok = found.count("ok")
+        text = f"{len(found)}" + (f" ({ok} ok)" if ok else "")
+        return text + (", reused" if ok and resume else "")
+
     rows = [
         {
             "variant": pv.name,
             "export": pv.export_key[:12],
             "bench_resources": _resources(pv.request),
+            "runs": runs(pv),
             "note": pv.unplaceable or pv.warning or "",
         }
         for pv in plan.variants
@@ -98,7 +112,10 @@ def plan_text(plan: Any) -> str:
         for key, job in plan.exports.items()
     ]
     skipped = [{"skipped": s.key, "reason": s.reason} for s in plan.skipped]
-    parts = [table(rows), table(exports)] + ([table(skipped)] if skipped else [])
+    excluded = [{"excluded": e.key, "rule": e.rule} for e in getattr(plan, "excluded", ())]
+    parts = (
+        [table(rows), table(exports)] + ([table(skipped)] if skipped else []) + ([table(excluded)] if excluded else [])
+    )
     return "\n\n".join(parts)
 
 

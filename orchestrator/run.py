@@ -9,6 +9,7 @@ import platform
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config import validate_all
+from orchestrator.grid import GridRules, grid_rules
 from orchestrator.outcome import Outcome, Status
+from orchestrator.placement import capacity_text, local_capacity
 from orchestrator.plan import Plan, make_plan
 from orchestrator.progress import Progress
 from orchestrator.report import plan_text, say, summary_rows, table
 from orchestrator.scheduler import Scheduler
-from orchestrator.tracking import Tracker, ui_command, ui_lines
+from orchestrator.tracking import Tracker, existing_runs, resolve_uri, ui_command, ui_lines
 from orchestrator.variant import Variant
 from tasks.bench import pool_repeats
 from tasks.specs import BenchResult, ExportResult, Failure
@@ -85,6 +88,7 @@ class SweepRun:
                 "skipped": len(self.plan.skipped),
                 "exports": len(self.plan.exports),
                 "bench_order_seed": self.sched.seed,
+                **({"excluded": sum(len(e.jobs) for e in self.plan.excluded)} if self.plan.excluded else {}),
             },
             tags={
                 "git_commit": self.commit,
@@ -95,6 +99,9 @@ class SweepRun:
             },
         )
         self.beat = time.monotonic()
+        if self.plan.excluded:  # left out by the grid's rules: no run each, one list on the sweep's run
+            rows = [{"point": e.key, "jobs": list(e.jobs), "rule": e.rule} for e in self.plan.excluded]
+            self.tracker.log_dict(self.parent, rows, "excluded.json")
         reused = {}
         for pv in self.plan.variants:
             v = pv.variant
@@ -311,22 +318,29 @@ def _running(sched: Scheduler) -> list[tuple[str, str]]:
 
 
 def run_sweep(
-    configs: list[DictConfig], overrides: list[list[str]], out_dir: Path, command: str, dry_run: bool = False
+    configs: Sequence[DictConfig],
+    overrides: list[list[str]],
+    out_dir: Path,
+    command: str,
+    dry_run: bool = False,
+    grid: dict[str, Any] | None = None,
 ) -> dict[int, Any]:
-    """Validate every config, plan the grid on the cluster, run the exports and benchmarks,
-    record them; returns each Hydra job's outcome by job index. Bad configs raise
-    ConfigError before Ray starts and before any run exists. `dry_run` prints the plan
-    and runs nothing."""
+    """Validate every config and the grid's rules, plan the grid on the cluster, run the
+    exports and benchmarks, record them; returns each Hydra job's outcome by job index. Bad
+    configs raise ConfigError before Ray starts and before any run exists. `dry_run` prints
+    the plan and runs nothing: on a local cluster it starts no Ray (the plan is made for
+    this machine's capacity as a local Ray would see it) and it creates no MLflow store."""
     t0 = time.perf_counter()
     points = validate_all(configs, overrides)
-    tracker = None if dry_run else Tracker(points[0].tracking)
+    rules = grid_rules(**(grid or {}))
+    if dry_run:
+        dry_run_plan(points, configs, overrides, rules)
+        return {}
+    tracker = Tracker(points[0].tracking)
     with Scheduler(points[0].cluster) as sched:
-        plan = make_plan(points, configs, overrides, sched.capacity)
-        say(f"phasesweep: {len(plan.variants)} variant(s), {len(plan.exports)} export(s), {len(plan.skipped)} skipped")
-        for s in plan.skipped:
-            say(f"  skipped   {s.name}: {s.reason}")
-        if dry_run:
-            say(plan_text(plan))
+        plan = make_plan(points, configs, overrides, sched.capacity, rules)
+        say_plan(plan)
+        if not plan.variants and not plan.skipped:
             return {}
         run = SweepRun(plan, out_dir, tracker, sched)
         run.record_plan(command)
@@ -356,3 +370,49 @@ def run_sweep(
     for line in links:
         say(line)
     return run.by_job()
+
+
+def say_plan(plan: Plan) -> None:
+    """The plan's first lines: its counts, each skipped combination, what the rules left out."""
+    excluded = f", {sum(len(e.jobs) for e in plan.excluded)} excluded" if plan.excluded else ""
+    say(f"phasesweep: {len(plan.variants)} variant(s), {len(plan.exports)} export(s), {len(plan.skipped)} skipped{excluded}")
+    for s in plan.skipped:
+        say(f"  skipped   {s.name}: {s.reason}")
+    if plan.excluded:
+        by_rule: dict[str, int] = {}
+        for e in plan.excluded:
+            by_rule[e.rule] = by_rule.get(e.rule, 0) + len(e.jobs)
+        for rule, n in by_rule.items():
+            say(f"  excluded  {n} job(s): {rule}")
+
+
+def dry_run_plan(
+    points: list[Any], configs: Sequence[DictConfig], overrides: list[list[str]], rules: GridRules
+) -> Plan:
+    """The plan, printed, with how many runs the tracking store already holds for each
+    variant; nothing runs, no store is created. A local cluster is not started: the plan is
+    made for this machine as a local Ray would offer it; an existing cluster is joined (and
+    left) to read its capacity."""
+    cluster = points[0].cluster
+    if cluster.address is None:
+        capacity = local_capacity(cluster.num_cpus)
+        where = f"this machine as a local Ray would offer it (not started): {capacity_text(capacity)}"
+    else:
+        with Scheduler(cluster) as sched:
+            capacity = sched.capacity
+        where = f"the Ray cluster at {cluster.address}: {capacity_text(capacity)}"
+    plan = make_plan(points, configs, overrides, capacity, rules)
+    say_plan(plan)
+    say(f"dry run: planned for {where}")
+    tracking = plan.point.tracking
+    existing = existing_runs(tracking)
+    if existing:
+        keys = [pv.variant.bench_key for pv in plan.variants]
+        held = sum(1 for k in keys if k in existing)
+        ok = sum(1 for k in keys if "ok" in existing.get(k, ()))
+        reuse = "reused (tracking.resume)" if tracking.resume else "measured again (tracking.resume=false)"
+        say(f"dry run: {held} variant(s) have runs in {resolve_uri(tracking)} already; {ok} ended ok and would be {reuse}")
+    else:
+        say(f"dry run: no runs in {resolve_uri(tracking)} yet")
+    say(plan_text(plan, existing, resume=tracking.resume))
+    return plan

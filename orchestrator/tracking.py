@@ -105,6 +105,23 @@ def check_reachable(uri: str) -> None:
         ) from None
 
 
+def refused(uri: str, status: int) -> str:
+    """One line for a server that turned the sweep's credentials away (basic auth: 401, a
+    wrong or missing password; 403, a user without permission on the experiment)."""
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    if status == 401:
+        who = f"user {user!r}" if user and os.environ.get("MLFLOW_TRACKING_PASSWORD") else "no credentials"
+        return (
+            f"tracking.uri={uri!r} refused {who} (401 not authenticated): set MLFLOW_TRACKING_USERNAME "
+            "and MLFLOW_TRACKING_PASSWORD to an account of that server (scripts/mlflow_server.sh keeps "
+            "the admin's in its credentials file)"
+        )
+    return (
+        f"tracking.uri={uri!r} refused user {user!r} (403 permission denied): it needs EDIT on "
+        "the experiment (tracking.experiment); ask the server's admin"
+    )
+
+
 def check_artifact_root(cfg: TrackingCfg) -> Path | None:
     """The local folder new experiments keep artifacts in must be writable."""
     if resolve_uri(cfg).startswith(("http://", "https://")):
@@ -141,6 +158,40 @@ def _store_lock(uri: str) -> Iterator[None]:
         yield
 
 
+def existing_runs(cfg: TrackingCfg) -> dict[str, list[str]]:
+    """bench key -> the status tags of the variant runs the tracking store already holds
+    with it, oldest first; read only: a store or an experiment that does not exist yet is
+    not created (a local sqlite file that does not exist is not even opened, nor MLflow
+    imported). A server that cannot be reached is a ConfigError, as for a sweep."""
+    uri = resolve_uri(cfg)
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        return {}
+    check_reachable(uri)
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(cfg.experiment)
+    if exp is None:
+        return {}
+    found: dict[str, list[str]] = {}
+    runs, token = [], None
+    while True:
+        page = client.search_runs(
+            [exp.experiment_id], "tags.`phasesweep.role` = 'variant'", max_results=5000, page_token=token
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            break
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        key = run.data.tags.get("bench_key")
+        if key:
+            ok = run.data.tags.get("status") == "ok" and run.info.status == "FINISHED"
+            found.setdefault(key, []).append("ok" if ok else run.data.tags.get("status", run.info.status.lower()))
+    return found
+
+
 class Tracker:
     def __init__(self, cfg: TrackingCfg):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # seconds, not minutes, when a server goes away
@@ -153,14 +204,33 @@ class Tracker:
         self.uri = resolve_uri(cfg)
         check_reachable(self.uri)
         root = check_artifact_root(cfg)
+        from mlflow.exceptions import MlflowException
+
         with _store_lock(self.uri):  # the client's first access creates the store's tables
             self.client = MlflowClient(tracking_uri=self.uri)
-            exp = self.client.get_experiment_by_name(cfg.experiment)
-            if exp is None:
-                location = root.as_uri() if root else None
-                self.experiment_id = self.client.create_experiment(cfg.experiment, artifact_location=location)
-            else:
-                self.experiment_id = exp.experiment_id
+            try:
+                self.experiment_id = self._experiment(cfg.experiment, root)
+            except MlflowException as e:
+                status = e.get_http_status_code()
+                if status not in (401, 403):
+                    raise
+                raise ConfigError(refused(self.uri, status)) from None
+
+    def _experiment(self, name: str, root: Path | None) -> str:
+        """The experiment's id, created when new. Sweeps started at once on a server (the
+        lock covers sqlite only) race to create it: those that lose take the winner's (3 of
+        32 such sweeps failed with RESOURCE_ALREADY_EXISTS before)."""
+        from mlflow.exceptions import MlflowException
+
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return self.client.create_experiment(name, artifact_location=root.as_uri() if root else None)
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS" or (exp := self.client.get_experiment_by_name(name)) is None:
+                raise
+            return exp.experiment_id
 
     # -- what earlier sweeps left ---------------------------------------------------------
     def search(self, filter_string: str) -> list[Any]:

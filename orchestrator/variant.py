@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import cache, cached_property, lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -75,6 +75,67 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: obj}
 
 
+def _fields(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields, not copied (asdict deep-copies): flatten only reads them."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+PREFIXES = ("model.", "phase.", "backend.", "device.", "bench.")  # a variant's parts, as its params name them
+
+
+def _parts(v: Variant) -> tuple[Any, ...]:
+    return (v.model, v.phase, v.backend, v.device, v.bench)
+
+
+class Memo:
+    """What the variants of one plan share, made once per distinct part: each model group's
+    spec and weight bytes, each part's flattened params, each export key, each identity.
+    Points of one grid share their parts' objects (orchestrator.config.validate_all: one
+    object per distinct group content), so keys are object ids; the memo holds the objects,
+    so an id is not reused while it lives. What it gives is what Variant computes itself."""
+
+    def __init__(self) -> None:
+        self.models: dict[int, tuple[Any, ModelSpec, int]] = {}
+        self._flat: dict[int, tuple[Any, dict[str, Any]]] = {}
+        self._export_keys: dict[tuple[int, ...], tuple[tuple[Any, ...], str]] = {}
+        self._digests: dict[int, tuple[Any, str]] = {}
+
+    def _flatten(self, obj: Any, prefix: str) -> dict[str, Any]:
+        if id(obj) not in self._flat:
+            if prefix == "model.":
+                model = _fields(obj)
+                arch = model.pop("arch")
+                flat = {**flatten(model, "model."), **flatten(arch, "model.arch.")}
+            else:
+                flat = flatten(_fields(obj), prefix)
+            self._flat[id(obj)] = (obj, flat)
+        return self._flat[id(obj)][1]
+
+    def seed(self, v: Variant) -> Variant:
+        """`v` with its params and export key filled in (cached_property's own slots)."""
+        parts = _parts(v)
+        params: dict[str, Any] = {}
+        for part, prefix in zip(parts, PREFIXES, strict=True):
+            params.update(self._flatten(part, prefix))
+        v.__dict__["params"] = params
+        key = (id(v.model), id(v.phase), id(v.backend))
+        if key in self._export_keys:
+            v.__dict__["export_key"] = self._export_keys[key][1]
+        else:
+            self._export_keys[key] = (parts[:3], v.export_key)
+        return v
+
+    def identity(self, v: Variant) -> tuple[str, ...]:
+        """What v.identity() tells apart, faster: each part's params digested once per part
+        object; equal for two variants exactly when their params are."""
+        return tuple(self._digest(p, prefix) for p, prefix in zip(_parts(v), PREFIXES, strict=True))
+
+    def _digest(self, part: Any, prefix: str) -> str:
+        if id(part) not in self._digests:
+            self._digests[id(part)] = (part, _digest(self._flatten(part, prefix)))
+        return self._digests[id(part)][1]
+
+
 @dataclass(frozen=True)
 class Variant:
     model: ModelSpec
@@ -85,10 +146,16 @@ class Variant:
     overrides: tuple[str, ...] = ()
     weight_bytes: int = 0  # estimated from the architecture: memory requests, never the model
 
+    @staticmethod
+    def memo() -> Memo:
+        return Memo()
 
     @classmethod
-    def from_point(cls, point: SweepPoint, overrides: tuple[str, ...] = ()) -> Variant:
+    def from_point(cls, point: SweepPoint, overrides: tuple[str, ...] = (), memo: Memo | None = None) -> Variant:
         m = point.model
+        if memo is not None and id(m) in memo.models:
+            _, model, weight_bytes = memo.models[id(m)]
+            return cls(model, point.phase, point.backend, point.device, point.bench, tuple(overrides), weight_bytes)
         model = ModelSpec(
             name=m.name,
             family=m.family,
@@ -101,6 +168,8 @@ class Variant:
             attention=m.attention,
         )
         weight_bytes = estimated_parameters(point.arch) * DTYPE_BYTES[m.dtype]
+        if memo is not None:
+            memo.models[id(m)] = (m, model, weight_bytes)
         return cls(model, point.phase, point.backend, point.device, point.bench, tuple(overrides), weight_bytes)
 
     @property
@@ -110,23 +179,27 @@ class Variant:
     @cached_property
     def params(self) -> dict[str, Any]:
         """The flattened variant config, as MLflow params."""
-        model = asdict(self.model)
+        model = _fields(self.model)
         arch = model.pop("arch")
-        backend = asdict(self.backend)
         return {
             **flatten(model, "model."),
             **flatten(arch, "model.arch."),
-            **flatten(asdict(self.phase), "phase."),
-            **flatten(backend, "backend."),
-            **flatten(asdict(self.device), "device."),
-            **flatten(asdict(self.bench), "bench."),
+            **flatten(_fields(self.phase), "phase."),
+            **flatten(_fields(self.backend), "backend."),
+            **flatten(_fields(self.device), "device."),
+            **flatten(_fields(self.bench), "bench."),
         }
 
-    def naming_axes(self) -> dict[str, Any]:
-        """Params that may earn a name suffix when they vary: all but the base name's four
+    BASE_NAME_KEYS = frozenset({"model.name", "phase.name", "backend.name", "device.name"})
+
+    @staticmethod
+    def naming_axis(key: str) -> bool:
+        """A param that may earn a name suffix when it varies: all but the base name's four
         and those a size preset already implies."""
-        skip = {"model.name", "phase.name", "backend.name", "device.name"}
-        return {k: v for k, v in self.params.items() if k not in skip and not k.startswith("model.arch.")}
+        return key not in Variant.BASE_NAME_KEYS and not key.startswith("model.arch.")
+
+    def naming_axes(self) -> dict[str, Any]:
+        return {k: v for k, v in self.params.items() if self.naming_axis(k)}
 
     @cached_property
     def export_key(self) -> str:

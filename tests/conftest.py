@@ -11,6 +11,7 @@
   (`planned_variant.prefetch(...)` shares a module's exports with a background process).
 - `mlflow_db(folder)`: an MLflow sqlite store whose tables are already created (MLflow's
   migrations take seconds; they run once a session).
+- `sweep_in_tmp(*argv)`: `python sweep.py *argv` run in this process, in the test's tmp_path.
 """
 
 from __future__ import annotations
@@ -205,3 +206,35 @@ def mlflow_db(tmp_path_factory):
         return f"sqlite:///{folder / 'mlflow.db'}"
 
     return copy_to
+
+
+@pytest.fixture
+def sweep_in_tmp(monkeypatch, tmp_path):
+    """`sweep_in_tmp(*argv)` runs sweep.py's Hydra app in this process, in tmp_path (its
+    store, outputs and multirun folders land there), as `python sweep.py *argv` would;
+    Hydra's global state and the logging it configures are restored after."""
+    import logging
+    import runpy
+    import sys
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    root, ours = logging.getLogger(), logging.getLogger("phasesweep")
+    saved = root.level, root.handlers[:], ours.level, ours.handlers[:], ours.propagate
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PWD", str(tmp_path))
+    GlobalHydra.instance().clear()
+
+    def app(*argv: str) -> None:
+        monkeypatch.setattr(sys, "argv", ["sweep.py", *argv])
+        runpy.run_path(str(ROOT / "sweep.py"), run_name="__main__")
+
+    yield app
+    GlobalHydra.instance().clear()
+    for handler in {*root.handlers, *ours.handlers} - {*saved[1], *saved[3]}:
+        handler.close()
+    root.setLevel(saved[0])
+    root.handlers[:] = saved[1]
+    ours.setLevel(saved[2])
+    ours.handlers[:] = saved[3]
+    ours.propagate = saved[4]

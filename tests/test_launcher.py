@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
+from hydra.plugins.sweeper import Sweeper
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -45,9 +46,9 @@ def fake_run_sweep(monkeypatch):
             self.returns: dict[int, Outcome] | None = None
             self.raises: Exception | None = None
 
-        def __call__(self, configs, overrides, out_dir, command, dry_run=False):
+        def __call__(self, configs, overrides, out_dir, command, dry_run=False, grid=None):
             self.calls.append(
-                dict(configs=configs, overrides=overrides, out_dir=out_dir, command=command, dry_run=dry_run)
+                dict(configs=configs, overrides=overrides, out_dir=out_dir, command=command, dry_run=dry_run, grid=grid)
             )
             say(f"phasesweep: fake sweep of {len(configs)} config(s)")
             if self.raises is not None:
@@ -96,6 +97,22 @@ def test_launcher_config_is_in_the_config_store(hydra_cfg):
     assert launcher.dry_run is False
     assert hydra_cfg("hydra.launcher.dry_run=true").hydra.launcher.dry_run is True
     assert instantiate(hydra_cfg("hydra.launcher.dry_run=true").hydra.launcher).dry_run is True
+    # grid control (orchestrator/grid.py): nothing left out by default
+    assert launcher.exclude == [] and launcher.include == [] and launcher.max_variants is None
+    ours = instantiate(
+        hydra_cfg("hydra.launcher.max_variants=3", "hydra.launcher.exclude=[{device: cuda}]").hydra.launcher
+    )
+    assert ours.max_variants == 3 and list(ours.exclude) == [{"device": "cuda"}]
+
+
+def test_sweeper_is_ours_and_leaves_composing_to_the_launcher(hydra_cfg):
+    """Hydra's basic sweeper composes every job before the launcher does; ours does not."""
+    from hydra_plugins.phasesweep_launcher.sweeper import PhaseSweepSweeper
+
+    assert hydra_cfg().hydra.sweeper._target_.endswith("sweeper.PhaseSweepSweeper")
+    names = [f"{p.__module__}.{p.__name__}" for p in Plugins.instance().discover(Sweeper)]
+    assert "hydra_plugins.phasesweep_launcher.sweeper.PhaseSweepSweeper" in names
+    assert PhaseSweepSweeper(max_batch_size=None).validate_batch_is_legal([["model=nope"]]) is None
 
 
 def test_job_logging_is_ours(hydra_cfg):
@@ -151,6 +168,8 @@ def test_multirun_hands_the_whole_grid_to_run_sweep_once(sweep_app, fake_run_swe
     assert call["out_dir"] == sweep_dir
     assert call["command"] == "python sweep.py -m model=llama,phi3 phase.batch=2"
     assert call["dry_run"] is True
+    assert call["grid"]["exclude"] == [] and call["grid"]["max_variants"] is None
+    assert call["grid"]["groups"]["backend"] == ["compile", "eager", "executorch", "onnxruntime"]
     # the driver's lines: as they are on stdout, and in the sweep's log file
     assert "phasesweep: fake sweep of 2 config(s)\n" in capsys.readouterr().out
     assert "phasesweep: fake sweep of 2 config(s)" in (sweep_dir / "sweep.log").read_text()

@@ -1,23 +1,49 @@
-"""The launcher's config schema, stored in Hydra's ConfigStore as hydra/launcher=phasesweep_ray.
+"""The launcher's and the sweeper's config schemas, stored in Hydra's ConfigStore as
+hydra/launcher=phasesweep_ray and hydra/sweeper=phasesweep.
 
-Hydra's plugin scan skips modules named _*; ray_launcher.py imports this one, which stores
-the schema. It imports nothing but Hydra.
+Hydra's plugin scan skips modules named _*; ray_launcher.py and sweeper.py import this one,
+which stores the schemas. It imports nothing but Hydra.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
 
 @dataclass
 class PhaseSweepRayLauncherConf:
-    """hydra.launcher: `dry_run` plans the grid without running it. The launcher keeps it as
-    `self.dry_run`; the orchestrator reads it there and passes it to orchestrator.run.run_sweep."""
+    """hydra.launcher: how the grid is planned. The launcher keeps each field as an attribute;
+    the orchestrator reads them there (orchestrator/launcher.py).
+
+    - `dry_run`: print the plan (variants, resources, exports, skipped and excluded points,
+      runs that already exist) and run nothing;
+    - `exclude` / `include`: rules over the grid's points, e.g.
+      `exclude: [{backend: executorch, device: cuda}]` (orchestrator/grid.py says how they read);
+    - `max_variants`: at most this many variants per model (the first, in grid order); null: all.
+    """
 
     _target_: str = "hydra_plugins.phasesweep_launcher.ray_launcher.PhaseSweepRayLauncher"
     dry_run: bool = False
+    exclude: list[dict[str, Any]] = field(default_factory=list)
+    include: list[dict[str, Any]] = field(default_factory=list)
+    max_variants: int | None = None
+
+
+@dataclass
+class PhaseSweepSweeperConf:
+    """hydra.sweeper: Hydra's basic sweeper (the grid is the product of the swept values),
+    without its check that composes every job before the launcher composes it again: the
+    launcher composes the whole batch, faster, before anything runs (orchestrator/compose.py)."""
+
+    _target_: str = "hydra_plugins.phasesweep_launcher.sweeper.PhaseSweepSweeper"
+    max_batch_size: int | None = None
+    params: dict[str, str] | None = None
 
 
 ConfigStore.instance().store(
     group="hydra/launcher", name="phasesweep_ray", node=PhaseSweepRayLauncherConf, provider="phasesweep"
+)
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="phasesweep", node=PhaseSweepSweeperConf, provider="phasesweep"
 )

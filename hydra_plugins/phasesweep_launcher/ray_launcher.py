@@ -8,6 +8,7 @@ during its plugin scan, so the orchestrator (and Ray, MLflow) is imported only a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
@@ -21,10 +22,17 @@ __all__ = ["PhaseSweepRayLauncher", "PhaseSweepRayLauncherConf"]
 
 
 class PhaseSweepRayLauncher(Launcher):
-    def __init__(self, dry_run: bool = False) -> None:
-        """Takes the fields of PhaseSweepRayLauncherConf. `dry_run` is kept as `self.dry_run`:
-        the orchestrator reads it and passes it to orchestrator.run.run_sweep."""
+    def __init__(
+        self,
+        dry_run: bool = False,
+        exclude: Sequence[Any] = (),
+        include: Sequence[Any] = (),
+        max_variants: int | None = None,
+    ) -> None:
+        """Takes the fields of PhaseSweepRayLauncherConf and keeps each as an attribute: the
+        orchestrator reads them (orchestrator/launcher.py)."""
         self.dry_run = dry_run
+        self.exclude, self.include, self.max_variants = exclude, include, max_variants
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None

@@ -1,0 +1,404 @@
+"""Every job's config of a sweep, composed without composing every job.
+
+Hydra composes one job in about 0.1 s (0.2-0.4 s on a loaded 2-core machine): 10,000 jobs
+would take half an hour before anything is planned. A grid's jobs differ in a few group
+choices (`model=phi3`) and value overrides (`phase.context_len=512`); Hydra applies value
+overrides after composing the defaults list, one by one, with `OmegaConf.update`. So here:
+
+- each distinct combination of group overrides is composed once (`load_sweep_config`,
+  exactly as a launcher composes a job);
+- a job's value overrides are applied on top of its combination, in their order, by the
+  function Hydra applies them with when it composes (`ConfigLoaderImpl._apply_overrides_to_config`);
+- a job is composed by Hydra in full, as Hydra's own launchers do, when any of its
+  overrides is not a plain value change of a key its combination already has: `+key=`,
+  `++key=`, `~key`, `hydra.*`, `key@package`, a dict given to a group, a list element, a key
+  the combination lacks (Hydra then gives its own error), or text Hydra's grammar refuses.
+
+Combinations are cheap too: a grid of 2 models x 2 phases x 4 backends x 2 devices has 32 of
+them. The first is composed as the reference; one that differs from it in several groups
+is made from it by swapping in each differing group's node, taken from the "star"
+combination that differs from the reference in that group alone (composed by Hydra).
+Hydra's defaults lists, recorded as it composes, say when that is exact: the star's list is
+the reference's but for that group's one entry, a leaf (no defaults of its own) placed at
+the group's own top-level package, and the star's other groups' nodes and choices equal the
+reference's. Otherwise the combination is composed by Hydra. So a grid costs about one
+compose per group option, not one per combination.
+
+Configs are materialised only when asked for (`JobConfigs[i]`: a fresh DictConfig each time,
+equal to Hydra's full compose of that job: tests/test_compose.py). Validation reads a job
+by group (`section_keys`, `read_section`): each group's content is converted once per
+distinct (content, overrides of that group), so a 10,000-job grid converts a few dozen
+groups. A group whose content, or one of whose overrides, holds an interpolation (`${...}`)
+may depend on other groups: it is read from the job's whole config and never shared.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+__all__ = ["JobConfigs"]
+
+GROUP, VALUE, FULL = "group", "value", "full"
+_NONE: tuple[tuple[Override, ...], tuple[str, ...], bool] = ((), (), False)  # no override of a group
+
+
+class _RecordingLoader(ConfigLoaderImpl):
+    """Hydra's config loader, keeping the defaults list of the config it composed last."""
+
+    defaults: list[tuple[Any, ...]] | None = None
+
+    def _compose_config_from_defaults_list(self, defaults: list[Any], repo: Any) -> DictConfig:
+        self.defaults = [(d.config_path, d.package, d.parent, d.is_self) for d in defaults]
+        return super()._compose_config_from_defaults_list(defaults, repo)
+
+
+def _recording(loader: Any) -> _RecordingLoader | None:
+    """A recording twin of Hydra's loader (same search path), or None where the loader is not
+    the Hydra one this was written against: then every combination is composed."""
+    if type(loader) is not ConfigLoaderImpl or not hasattr(ConfigLoaderImpl, "_compose_config_from_defaults_list"):
+        return None
+    return _RecordingLoader(config_search_path=loader.config_search_path)
+
+
+def _has_interpolation(obj: Any) -> bool:
+    if isinstance(obj, str):
+        return "${" in obj
+    if isinstance(obj, dict):
+        return any(_has_interpolation(k) or _has_interpolation(v) for k, v in obj.items())
+    if isinstance(obj, list | tuple):
+        return any(_has_interpolation(v) for v in obj)
+    return False
+
+
+def _exists(cfg: DictConfig, key: str) -> bool:
+    """`key` (dotted) names a node of `cfg` reached through dicts only."""
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or not part or part not in node:
+            return False
+        node = node._get_node(part)
+    return True
+
+
+class _Combo:
+    """One combination of group overrides, composed by Hydra (its defaults list recorded when
+    it could be), or the reference with some groups swapped in from stars (`swaps`): then
+    its config is made only when asked for."""
+
+    def __init__(
+        self,
+        cfg: DictConfig | None,
+        defaults: list[tuple[Any, ...]] | None = None,
+        reference: _Combo | None = None,
+        swaps: dict[str, tuple[str, _Combo]] | None = None,  # group -> (option, its star)
+        task: list[str] | None = None,
+    ):
+        self._cfg, self.defaults = cfg, defaults
+        self.reference, self.swaps, self.task = reference, swaps or {}, task
+        source = cfg if cfg is not None else reference.cfg
+        self.top = tuple(str(k) for k in source)
+        self.choices = set(source.hydra.runtime.choices) if "hydra" in source else set()
+        self._fingerprints: dict[str, tuple[str, bool]] = {}
+        self._takes: dict[str, bool] = {}
+
+    @property
+    def cfg(self) -> DictConfig:
+        """Its config (the reference's copy with the swapped groups' nodes, when swapped)."""
+        if self._cfg is None:
+            cfg = copy.deepcopy(self.reference.cfg)
+            with open_dict(cfg):
+                for group, (option, star) in self.swaps.items():
+                    cfg[group] = copy.deepcopy(star.cfg[group])
+                    cfg.hydra.runtime.choices[group] = option
+                cfg.hydra.overrides.task = list(self.task)
+            self._cfg = cfg
+        return self._cfg
+
+    def _source(self, key: str) -> _Combo:
+        """The combination whose config holds this combination's node `key` (a dotted key)."""
+        top = key.split(".", 1)[0]
+        if top in self.swaps:
+            return self.swaps[top][1]
+        return self if self.reference is None else self.reference
+
+    def takes(self, key: str) -> bool:
+        """A value override of `key` can be applied on top: the combination has that key,
+        reached through dicts, and it is not a group."""
+        if key not in self._takes:
+            source = self._source(key)
+            self._takes[key] = key not in self.choices and (
+                source.takes(key) if source is not self else _exists(self.cfg, key)
+            )
+        return self._takes[key]
+
+    def fingerprint(self, key: str) -> tuple[str, bool]:
+        """(the top-level node `key`'s raw content as text, whether it holds an interpolation)."""
+        if key not in self._fingerprints:
+            source = self._source(key)
+            if source is not self:
+                self._fingerprints[key] = source.fingerprint(key)
+            else:
+                raw = OmegaConf.to_container(OmegaConf.masked_copy(self.cfg, [key]), resolve=False).get(key)
+                self._fingerprints[key] = (repr(raw), _has_interpolation(raw))
+        return self._fingerprints[key]
+
+
+@dataclass(frozen=True)
+class _Job:
+    lines: tuple[str, ...]  # the job's overrides as Hydra hands them to the launcher
+    combo: tuple[str, ...] | None  # its group overrides; None: composed in full
+    values: tuple[Override, ...] = ()  # its value overrides, in order
+    # its values by top-level key: (them, their texts, whether one holds an interpolation)
+    by_group: dict[str, tuple[tuple[Override, ...], tuple[str, ...], bool]] = field(default_factory=dict)
+
+
+class JobConfigs(Sequence[DictConfig]):
+    """The composed configs of a sweep's jobs, as a sequence; see the module's doc."""
+
+    def __init__(self, loader: Any, master: DictConfig, job_overrides: Sequence[Sequence[str]], first_job: int = 0):
+        self.loader, self.master, self.first_job = loader, master, first_job
+        self._parser = OverridesParser.create()
+        self._parsed: dict[str, Override | None] = {}
+        self._kind: dict[str, str] = {}
+        self._combos: dict[tuple[str, ...], _Combo] = {}
+        self._full: dict[int, DictConfig] = {}
+        self._recorder = _recording(loader)
+        self._reference: tuple[tuple[str, ...], list[tuple[str, str]]] | None = None  # its key, (group, option)s
+        self._stars: dict[tuple[int, str], _Combo | None] = {}  # (position, override) -> its star, if swappable
+        self._content_ids: dict[str, int] = {}  # a group's content as text -> a small number
+        self._interp: dict[str, tuple[str, bool]] = {}  # override text -> (its top-level key, interpolates)
+        repository = getattr(loader, "repository", None)
+        self._group_exists: Callable[[str], bool] = (
+            repository.group_exists if repository is not None else (lambda key: True)  # unknown: every key may be one
+        )
+        self.jobs = [self._job(i, tuple(lines)) for i, lines in enumerate(job_overrides)]
+
+    # -- each job's way -----------------------------------------------------------------------
+    def _parse(self, line: str) -> Override | None:
+        if line not in self._parsed:
+            try:
+                (self._parsed[line],) = self._parser.parse_overrides([line])
+            except Exception:  # Hydra's full compose reports it in its own words
+                self._parsed[line] = None
+        return self._parsed[line]
+
+    def _classify(self, line: str) -> str:
+        """GROUP: composed with its combination; VALUE: applied on top; FULL: the job is
+        composed by Hydra in full. Decided once per distinct override text."""
+        if line not in self._kind:
+            o = self._parse(line)
+            if o is None or o.is_sweep_override() or o.is_hydra_override() or o.package is not None:
+                kind = FULL
+            elif self._group_exists(o.key_or_group):
+                # Hydra changes the defaults list (any type: +group=, ~group); a dict value is a
+                # config override of the group's node, applied in order with the values: in full
+                kind = FULL if isinstance(o.value(), dict) else GROUP
+            elif o.type != OverrideType.CHANGE or "/" in o.key_or_group:
+                kind = FULL
+            else:
+                kind = VALUE
+            self._kind[line] = kind
+        return self._kind[line]
+
+    def _job(self, idx: int, lines: tuple[str, ...]) -> _Job:
+        kinds = [self._classify(line) for line in lines]
+        if FULL not in kinds:
+            combo_key = tuple(line for line, k in zip(lines, kinds, strict=True) if k == GROUP)
+            combo = self._combo(combo_key)
+            values = tuple(self._parsed[line] for line, k in zip(lines, kinds, strict=True) if k == VALUE)
+            # a value override of a group's name, or of a key the combination lacks: Hydra's
+            # way (its error message, or its group semantics)
+            if all(combo.takes(o.key_or_group) for o in values):
+                return _Job(lines, combo_key, values, self._by_group(values))
+        self._full[idx] = self._compose(list(lines))
+        return _Job(lines, None)
+
+    def _by_group(self, values: tuple[Override, ...]) -> dict[str, tuple[tuple[Override, ...], tuple[str, ...], bool]]:
+        """A job's value overrides by top-level key: (them, their texts, whether one holds an
+        interpolation); each override's key and value read once per distinct text."""
+        grouped: dict[str, tuple[tuple[Override, ...], tuple[str, ...], bool]] = {}
+        for o in values:
+            line = o.input_line
+            if line not in self._interp:
+                self._interp[line] = (o.key_or_group.split(".", 1)[0], _has_interpolation(o.value()))
+            top, interp = self._interp[line]
+            mine, lines, any_interp = grouped.get(top, _NONE)
+            grouped[top] = ((*mine, o), (*lines, line), any_interp or interp)
+        return grouped
+
+    def _compose(self, lines: list[str]) -> DictConfig:
+        return self.loader.load_sweep_config(self.master, lines)
+
+    # -- combinations ----------------------------------------------------------------------------
+    def _combo(self, key: tuple[str, ...]) -> _Combo:
+        if key not in self._combos:
+            self._combos[key] = self._make_combo(key)
+        return self._combos[key]
+
+    def _compose_recorded(self, key: tuple[str, ...]) -> _Combo:
+        if self._recorder is None:
+            return _Combo(self._compose(list(key)))
+        self._recorder.defaults = None
+        cfg = self._recorder.load_sweep_config(self.master, list(key))
+        return _Combo(cfg, self._recorder.defaults)
+
+    def _choices(self, key: tuple[str, ...]) -> list[tuple[str, str]] | None:
+        """(group, option) of each override of a combination, or None unless each is a
+        plain `group=option`."""
+        out = []
+        for line in key:
+            o = self._parsed[line]
+            if o.type != OverrideType.CHANGE or o.package is not None or not isinstance(o.value(), str):
+                return None
+            out.append((o.key_or_group, o.value()))
+        return out
+
+    def _make_combo(self, key: tuple[str, ...]) -> _Combo:
+        choices = self._choices(key)
+        if self._reference is None:
+            combo = self._compose_recorded(key)
+            if choices is not None and combo.defaults is not None:
+                self._reference = (key, choices)
+            return combo
+        ref_key, ref_choices = self._reference
+        if choices is None or [g for g, _ in choices] != [g for g, _ in ref_choices]:  # other groups: composed
+            return self._compose_recorded(key)
+        differ = [i for i, ((_, o), (_, r)) in enumerate(zip(choices, ref_choices, strict=True)) if o != r]
+        if len(differ) < 2:  # the reference, or a star: composed
+            return self._compose_recorded(key)
+        stars = [self._star(i, key[i]) for i in differ]
+        if any(star is None for star in stars):
+            return self._compose_recorded(key)
+        swaps = {choices[i][0]: (choices[i][1], star) for i, star in zip(differ, stars, strict=True)}
+        return _Combo(None, reference=self._combos[ref_key], swaps=swaps, task=list(key))
+
+    def _star(self, i: int, line: str) -> _Combo | None:
+        """The combination that differs from the reference in its i-th override alone (`line`
+        there), composed by Hydra; None when swapping that group's node in is not exact."""
+        if (i, line) not in self._stars:
+            ref_key, ref_choices = self._reference
+            star = self._combo((*ref_key[:i], line, *ref_key[i + 1 :]))
+            swappable = self._swappable(ref_choices[i][0], self._combos[ref_key], star)
+            self._stars[i, line] = star if swappable else None
+        return self._stars[i, line]
+
+    @staticmethod
+    def _swappable(group: str, ref: _Combo, star: _Combo) -> bool:
+        """The star's defaults list is the reference's but for the group's one entry, a leaf
+        at the group's own top-level package; its other groups' nodes and its choices but the
+        group's are the reference's."""
+        if ref.defaults is None or star.defaults is None or len(ref.defaults) != len(star.defaults):
+            return False
+        changed = [(a, b) for a, b in zip(ref.defaults, star.defaults, strict=True) if a != b]
+        if len(changed) != 1 or "." in group or "hydra" not in ref.top or ref.top != star.top:
+            return False
+        ((a, b),) = changed  # (config_path, package, parent, is_self)
+        nested = any(d[2] in (a[0], b[0]) for d in ref.defaults + star.defaults)
+        if nested or a[1] != group or b[1] != group or a[2] != b[2] or a[3] or b[3]:
+            return False
+        ref_choices, star_choices = dict(ref.cfg.hydra.runtime.choices), dict(star.cfg.hydra.runtime.choices)
+        ref_choices.pop(group, None), star_choices.pop(group, None)
+        return ref_choices == star_choices and all(
+            ref.fingerprint(k) == star.fingerprint(k) for k in ref.top if k not in ("hydra", group)
+        )
+
+    # -- what it did ------------------------------------------------------------------------------
+    @property
+    def combinations(self) -> int:
+        """Distinct combinations of group overrides (with the stars made only to swap from)."""
+        return len(self._combos)
+
+    @property
+    def composed(self) -> int:
+        """How many configs Hydra composed: once per combination not made by swapping, once
+        per job composed in full."""
+        return sum(1 for c in self._combos.values() if not c.swaps) + len(self._full)
+
+    @property
+    def full_jobs(self) -> list[int]:
+        return sorted(self._full)
+
+    # -- Sequence[DictConfig] ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def __getitem__(self, idx: int) -> DictConfig:  # type: ignore[override]
+        if not isinstance(idx, int):
+            raise TypeError("JobConfigs is indexed by one job's number")
+        if idx < 0:
+            idx += len(self.jobs)
+        job = self.jobs[idx]
+        if job.combo is None:
+            cfg = self._full[idx]
+        else:
+            cfg = copy.deepcopy(self._combos[job.combo].cfg)
+            ConfigLoaderImpl._apply_overrides_to_config(list(job.values), cfg)
+            self._hydra_fields(cfg, job)
+        with open_dict(cfg):
+            cfg.hydra.job.id = cfg.hydra.job.num = self.first_job + idx
+        return cfg
+
+    def __iter__(self) -> Iterator[DictConfig]:
+        return (self[i] for i in range(len(self.jobs)))
+
+    def _hydra_fields(self, cfg: DictConfig, job: _Job) -> None:
+        """What Hydra's compose records of the job's own overrides (its combination recorded
+        its group overrides only): hydra.overrides.task and hydra.job.override_dirname."""
+        if "hydra" not in cfg:
+            return
+        dirname = cfg.hydra.job.config.override_dirname
+        with open_dict(cfg.hydra):
+            cfg.hydra.overrides.task = list(job.lines)
+            cfg.hydra.job.override_dirname = get_overrides_dirname(
+                overrides=[self._parsed[line] for line in job.lines],
+                kv_sep=dirname.kv_sep,
+                item_sep=dirname.item_sep,
+                exclude_keys=dirname.exclude_keys,
+            )
+
+    # -- by group, for validation (orchestrator.config.validate_all) -----------------------------------
+    def top_keys(self, idx: int) -> tuple[str, ...]:
+        job = self.jobs[idx]
+        return tuple(str(k) for k in self._full[idx]) if job.combo is None else self._combos[job.combo].top
+
+    def section_keys(self, idx: int, keys: Sequence[str]) -> tuple[Hashable, ...]:
+        """For each top-level key: equal for two jobs whose node `key` has equal content."""
+        job = self.jobs[idx]
+        if job.combo is None:
+            return tuple(("job", idx, key) for key in keys)
+        combo = self._combos[job.combo]
+        out = []
+        for key in keys:
+            text, interpolates = combo.fingerprint(key)
+            _, lines, interp = job.by_group.get(key, _NONE)
+            if interpolates or interp:
+                out.append(("job", idx, key))
+            else:
+                content = self._content_ids.setdefault(text, len(self._content_ids))
+                out.append((key, content, lines))
+        return tuple(out)
+
+    def read_section(self, idx: int, key: str) -> DictConfig:
+        """A config whose node `key` is job idx's: the group alone with the job's overrides of
+        it applied as Hydra applies them (when its content holds no interpolation, nothing
+        outside it changes its values), else the job's whole config."""
+        job = self.jobs[idx]
+        if job.combo is None:
+            return self._full[idx]
+        combo = self._combos[job.combo]
+        mine, _, interp = job.by_group.get(key, _NONE)
+        if combo.fingerprint(key)[1] or interp:
+            return self[idx]
+        source = combo._source(key)
+        root = OmegaConf.create({key: copy.deepcopy(source.cfg[key])} if key in combo.top else {})
+        OmegaConf.set_struct(root, True)
+        ConfigLoaderImpl._apply_overrides_to_config(list(mine), root)
+        return root

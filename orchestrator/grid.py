@@ -1,0 +1,174 @@
+"""Grid control: which points of a composed grid are planned at all.
+
+Set on the launcher (`hydra.launcher.*`, schema: hydra_plugins/phasesweep_launcher/_config.py),
+on the command line or under `hydra.launcher:` in conf/sweep.yaml:
+
+    exclude: [{backend: executorch, device: cuda}, {phase: decode, phase.context_len: [4096, 8192]}]
+    include: [{model: llama}, {model: phi3, model.dtype: float32}]
+    max_variants: 20
+
+A rule maps keys to a value or a list of values; a point matches it when every key's value
+is one of them. A key is a group (`model`, `phase`, `backend`, `device`: the option's name)
+or a dotted key of the variant's config, as its MLflow params name it (`phase.context_len`,
+`model.dtype`, `backend.options.mode`, `bench.repeats`). `exclude` drops the points matching
+any of its rules; `include`, when given, keeps only the points matching one of its rules
+(it filters; it never adds points). `max_variants` keeps the first N variants of each model,
+in the grid's order, after the rules and after equal points were merged into one variant.
+Excluded points are planned as nothing: no run, no MLflow record; the plan and the dry run
+list each with the rule that excluded it. The rules are checked before anything runs:
+an unknown key or a value a key cannot take is an error naming the key, the value and what
+is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from orchestrator.config import BackendCfg, DeviceCfg
+from tasks.specs import ATTENTIONS, DEVICES, DTYPES, KV_CACHES, BenchOptions, ConfigError, ModelSpec, PhaseSpec
+
+# a group key stands for its option's name
+GROUP_KEYS = {"model": "model.name", "phase": "phase.name", "backend": "backend.name", "device": "device.name"}
+# the fields of each part of a variant (orchestrator.variant.Variant.params), and which hold dicts
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "model": tuple(f.name for f in fields(ModelSpec)),
+    "phase": tuple(f.name for f in fields(PhaseSpec)),
+    "backend": tuple(f.name for f in fields(BackendCfg)),
+    "device": tuple(f.name for f in fields(DeviceCfg)),
+    "bench": tuple(f.name for f in fields(BenchOptions)),
+}
+DICT_FIELDS = {"model.arch", "backend.options", "backend.export_options", "device.resources"}
+# keys whose values are a fixed set
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.dtype": DTYPES,
+    "model.kv_cache": KV_CACHES,
+    "model.attention": ATTENTIONS,
+    "device.name": DEVICES,
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    where: str  # how the plan names it: hydra.launcher.exclude[0]
+    text: str  # the rule as given: {backend: executorch, device: cuda}
+    match: tuple[tuple[str, tuple[Any, ...]], ...]  # (params key, allowed values)
+
+    def matches(self, params: Mapping[str, Any]) -> bool:
+        return all(any(_equal(params.get(key, _ABSENT), v) for v in values) for key, values in self.match)
+
+    def __str__(self) -> str:
+        return f"{self.where} {self.text}"
+
+
+_ABSENT = object()
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Values as the config holds them: 1 == 1.0, but true is not 1."""
+    return a is not _ABSENT and isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
+@dataclass(frozen=True)
+class GridRules:
+    include: tuple[Rule, ...] = ()
+    exclude: tuple[Rule, ...] = ()
+    max_variants: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.include or self.exclude or self.max_variants is not None)
+
+    def why_excluded(self, params: Mapping[str, Any]) -> str | None:
+        """The rule that excludes a point with these params, or None."""
+        for rule in self.exclude:
+            if rule.matches(params):
+                return str(rule)
+        if self.include and not any(rule.matches(params) for rule in self.include):
+            return f"matches no rule of hydra.launcher.include ({len(self.include)})"
+        return None
+
+    def cap_text(self, model: str) -> str:
+        return (
+            f"hydra.launcher.max_variants={self.max_variants}: model {model} has {self.max_variants} variant(s) already"
+        )
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_text(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_text(v) for v in value) + "]"
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _key(where: str, key: Any) -> str:
+    """The params key a rule's key names, or a ConfigError naming the allowed ones."""
+    key = str(key)
+    if key in GROUP_KEYS:
+        return GROUP_KEYS[key]
+    section, _, rest = key.partition(".")
+    field_, _, deeper = rest.partition(".")
+    allowed = ", ".join(GROUP_KEYS)
+    if section not in SECTIONS:
+        raise ConfigError(
+            f"{where}: {key} is not a known key; allowed keys: {allowed}, or a dotted key of "
+            f"{', '.join(s + '.*' for s in SECTIONS)} (e.g. phase.context_len)"
+        )
+    if field_ not in SECTIONS[section] or (deeper and f"{section}.{field_}" not in DICT_FIELDS):
+        known = ", ".join(f"{section}.{f}" for f in SECTIONS[section])
+        raise ConfigError(f"{where}: {key} is not a known key; allowed keys: {known}")
+    return key
+
+
+def _values(where: str, key: str, params_key: str, value: Any, groups: Mapping[str, Sequence[str]]) -> tuple[Any, ...]:
+    values = tuple(value) if isinstance(value, list | tuple) else (value,)
+    if not values:
+        raise ConfigError(f"{where}: {key}=[] matches nothing; give a value or a list of values")
+    group = params_key.split(".")[0] if params_key in GROUP_KEYS.values() else None
+    allowed = CHOICES.get(params_key) or (tuple(groups[group]) if group and groups.get(group) else None)
+    for v in values:
+        if isinstance(v, Mapping | list | tuple):
+            raise ConfigError(f"{where}: {key}={_text(v)} is not a value; give a value or a list of values")
+        if allowed is not None and v not in allowed:
+            raise ConfigError(f"{where}: {key}={v!r} is not allowed; choose one of: {', '.join(allowed)}")
+    return values
+
+
+def _rules(name: str, rules: Any, groups: Mapping[str, Sequence[str]]) -> tuple[Rule, ...]:
+    if rules is None:
+        return ()
+    if not isinstance(rules, list | tuple):
+        raise ConfigError(
+            f"hydra.launcher.{name}={_text(rules)} is not a list of rules, e.g. [{{backend: executorch, device: cuda}}]"
+        )
+    out = []
+    for i, rule in enumerate(rules):
+        where = f"hydra.launcher.{name}[{i}]"
+        if not isinstance(rule, Mapping) or not rule:
+            raise ConfigError(
+                f"{where}={_text(rule)} is not a rule: give a mapping of keys to values, e.g. {{backend: executorch, device: cuda}}"
+            )
+        match = []
+        for key, value in rule.items():
+            params_key = _key(where, key)
+            match.append((params_key, _values(where, str(key), params_key, value, groups)))
+        out.append(Rule(where, _text(rule), tuple(match)))
+    return tuple(out)
+
+
+def grid_rules(
+    include: Any = None,
+    exclude: Any = None,
+    max_variants: Any = None,
+    groups: Mapping[str, Sequence[str]] | None = None,
+) -> GridRules:
+    """The launcher's grid settings, checked. `groups`: the options of each config group
+    (what a group key may name); a group left out accepts any name."""
+    groups = groups or {}
+    if max_variants is not None and (
+        isinstance(max_variants, bool) or not isinstance(max_variants, int) or max_variants < 1
+    ):
+        raise ConfigError(f"hydra.launcher.max_variants={max_variants!r} must be an integer >= 1 (or null: no cap)")
+    return GridRules(_rules("include", include, groups), _rules("exclude", exclude, groups), max_variants)
