@@ -216,7 +216,7 @@ def make_plan(
     cluster = points[0].cluster
     memo = Variant.memo()
     valid: list[tuple[int, Variant]] = []
-    skipped: list[Skipped] = []
+    unnamed: list[tuple[int, Variant, Variant, str]] = []  # skipped: job, variant, resolved, why
     excluded: list[Excluded] = []
     threads_of: dict[tuple[int, str], tuple[Any, Any]] = {}  # (bench options, device) -> (them, resolved)
     reasons: dict[tuple[int, str, str], tuple[Any, str | None]] = {}  # (backend, device, dtype) -> why skipped
@@ -238,7 +238,7 @@ def make_plan(
             reasons[why] = (point.backend, unsupported(point))
         reason = reasons[why][1]
         if reason:
-            skipped.append(Skipped(idx, v.base_name, reason, v, configs))
+            unnamed.append((idx, v, resolved, reason))
             continue
         valid.append((idx, resolved))
 
@@ -256,7 +256,15 @@ def make_plan(
                 excluded.append(Excluded(tuple(jobs), v.base_name, rules.cap_text(v.model.name)))
         order = kept
         excluded.sort(key=lambda e: e.jobs[0])
-    names = _name_variants([v for v, _ in order], overrides)
+    seen: set[tuple[str, ...]] = set()  # equal skipped work is one skipped variant, as above
+    unnamed = [u for u in unnamed if not (memo.identity(u[2]) in seen or seen.add(memo.identity(u[2])))]
+    # skipped points are named with the others: a float32 variant and its skipped bfloat16
+    # twin must not share a name (both are recorded)
+    names = _name_variants([v for v, _ in order] + [r for _, _, r, _ in unnamed], overrides)
+    names, skipped_names = names[: len(order)], names[len(order) :]
+    skipped = [
+        Skipped(idx, name, reason, v, configs) for name, (idx, v, _, reason) in zip(skipped_names, unnamed, strict=True)
+    ]
 
     cache = Path(cluster.export_cache).expanduser().resolve()
     planned: list[PlannedVariant] = []

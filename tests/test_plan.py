@@ -312,3 +312,26 @@ def test_driver_estimates_weight_bytes_without_torch(model, size, params):
         from tasks.models import build_model
 
         assert estimated_parameters(v.model.arch) == sum(p.numel() for p in build_model(v.model).parameters())
+
+
+def test_a_skipped_dtype_twin_gets_its_own_name_and_equal_skipped_work_is_one():
+    """ONNX Runtime has no bfloat16 on CPU: that point is skipped, named with the others
+    (it is recorded, so it may not share the float32 variant's name); prefill ignores the
+    swept context length, so its skipped points are one, as its run variants are."""
+    plan = plan_of(
+        backend="onnxruntime",
+        phase="prefill,decode",
+        **{"model.dtype": "float32,bfloat16", "phase.context_len": "64,128"},
+    )
+    assert names(plan) == [
+        "llama_prefill_onnxruntime_cpu_fp32",
+        "llama_decode_onnxruntime_cpu_fp32_ctx64",
+        "llama_decode_onnxruntime_cpu_fp32_ctx128",
+    ]
+    assert [s.name for s in plan.skipped] == [
+        "llama_prefill_onnxruntime_cpu_bf16",
+        "llama_decode_onnxruntime_cpu_bf16_ctx64",
+        "llama_decode_onnxruntime_cpu_bf16_ctx128",
+    ]
+    assert all("bfloat16" in s.reason for s in plan.skipped)
+    assert not set(names(plan)) & {s.name for s in plan.skipped}
