@@ -399,17 +399,24 @@ def test_ctrl_c_closes_every_open_run_and_keeps_what_was_logged(tmp_path, mlflow
     uri = mlflow_db(tmp_path)
     names = ["llama_prefill_onnxruntime_cpu", "llama_decode_onnxruntime_cpu"]
     slow = ["bench.min_seconds=30", "bench.max_seconds=60"]
-    proc = sweep_process(
-        tmp_path,
-        "-m",
-        *SHRINK,
-        cache_override,
-        "phase=prefill,decode",
-        *slow,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    # A process started in the background by a shell without job control (nohup, `cmd &` in
+    # a script, some CI runners) inherits SIGINT ignored, and so would the sweep: Python then
+    # never raises KeyboardInterrupt. Handled here, SIGINT is default again in the child.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = sweep_process(
+            tmp_path,
+            "-m",
+            *SHRINK,
+            cache_override,
+            "phase=prefill,decode",
+            *slow,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         waiting, seen = set(names), []
         for line in proc.stdout:  # the driver's progress lines, as they come
@@ -425,8 +432,10 @@ def test_ctrl_c_closes_every_open_run_and_keeps_what_was_logged(tmp_path, mlflow
         rest, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver leads its session: it and its Ray
+            proc.wait()
+    assert proc.returncode == 130, "".join(seen)[-3000:] + rest[-3000:]  # != 0, and the exit of an interrupt
+    assert "phasesweep: interrupted (SIGINT)" in rest
     assert "measured" not in "".join(seen) + rest  # it was interrupted, not finished
     deadline = time.monotonic() + 15
     while (left := in_session(proc.pid)) and time.monotonic() < deadline:
