@@ -13,6 +13,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,29 @@ def check_reachable(address: str) -> None:
         ) from None
 
 
+START_LOCK = "phasesweep-ray-start.lock"  # in the machine's temp folder
+
+
+@contextmanager
+def _one_start_at_a_time() -> Iterator[None]:
+    """Sweeps started at once on one machine start their local Rays one at a time. Each start
+    spawns a GCS, a raylet and their Python agents, and Ray gives a raylet a fixed 30 s to
+    register: 8 at once on 2 busy cores missed it ("The current node timed out during
+    startup"), 6 of 8 sweeps failing before any work. Under an exclusive lock on a file in
+    the temp folder, held for the start only (a few seconds) and freed if the driver dies."""
+    import fcntl
+    import tempfile
+
+    try:
+        f = (Path(tempfile.gettempdir()) / START_LOCK).open("a")
+    except OSError:  # no lock to be had: start as before
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def _watch_local_session(ray: Any) -> Any:
     """Start the watchdog (orchestrator/reaper.py) of the local Ray just started: when this
     driver is gone, however it ended (SIGKILL included), the watchdog ends what of the Ray
@@ -180,14 +204,15 @@ class Scheduler:
             sigterm = signal.getsignal(signal.SIGTERM)
             common = {"log_to_driver": False, "logging_level": "warning", "configure_logging": True}
             if local:
-                ray.init(
-                    num_cpus=self.cluster.num_cpus or os.cpu_count(),
-                    resources={BENCH_RESOURCE: 1},
-                    include_dashboard=self.cluster.dashboard,
-                    dashboard_host="127.0.0.1",
-                    _node_ip_address="127.0.0.1",
-                    **common,
-                )
+                with _one_start_at_a_time():
+                    ray.init(
+                        num_cpus=self.cluster.num_cpus or os.cpu_count(),
+                        resources={BENCH_RESOURCE: 1},
+                        include_dashboard=self.cluster.dashboard,
+                        dashboard_host="127.0.0.1",
+                        _node_ip_address="127.0.0.1",
+                        **common,
+                    )
                 self.watchdog = _watch_local_session(ray)
             else:
                 check_reachable(self.cluster.address)
