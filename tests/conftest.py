@@ -209,10 +209,9 @@ def mlflow_db(tmp_path_factory):
 
 
 @pytest.fixture
-def sweep_in_tmp(monkeypatch, tmp_path):
-    """`sweep_in_tmp(*argv)` runs sweep.py's Hydra app in this process, in tmp_path (its
-    store, outputs and multirun folders land there), as `python sweep.py *argv` would;
-    Hydra's global state and the logging it configures are restored after."""
+def sweep_app(monkeypatch):
+    """`sweep_app(*argv)` runs sweep.py's Hydra app in this process, as `python sweep.py *argv`
+    would; Hydra's global state and the logging it configures are restored after."""
     import logging
     import runpy
     import sys
@@ -221,8 +220,6 @@ def sweep_in_tmp(monkeypatch, tmp_path):
 
     root, ours = logging.getLogger(), logging.getLogger("phasesweep")
     saved = root.level, root.handlers[:], ours.level, ours.handlers[:], ours.propagate
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PWD", str(tmp_path))
     GlobalHydra.instance().clear()
 
     def app(*argv: str) -> None:
@@ -238,3 +235,11 @@ def sweep_in_tmp(monkeypatch, tmp_path):
     ours.setLevel(saved[2])
     ours.handlers[:] = saved[3]
     ours.propagate = saved[4]
+
+
+@pytest.fixture
+def sweep_in_tmp(monkeypatch, tmp_path, sweep_app):
+    """sweep_app, run in tmp_path: its store, outputs and multirun folders land there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PWD", str(tmp_path))
+    return sweep_app

@@ -3,8 +3,6 @@ single run and a sweep share, and the driver's logging; run_sweep is faked: no R
 
 from __future__ import annotations
 
-import logging
-import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -61,29 +59,6 @@ def fake_run_sweep(monkeypatch):
     monkeypatch.setenv("MLFLOW_LOGGING_LEVEL", "WARNING")  # run_or_exit sets it; restored after
     monkeypatch.setattr(orchestrator.run, "run_sweep", fake)
     return fake
-
-
-@pytest.fixture
-def sweep_app(monkeypatch):
-    """`sweep_app(*argv)` runs sweep.py's Hydra app in this process, as `python sweep.py *argv`
-    would; Hydra's global state and the logging it configures are restored after."""
-    root, ours = logging.getLogger(), logging.getLogger("phasesweep")
-    saved = root.level, root.handlers[:], ours.level, ours.handlers[:], ours.propagate
-    GlobalHydra.instance().clear()
-
-    def app(*argv: str) -> None:
-        monkeypatch.setattr(sys, "argv", ["sweep.py", *argv])
-        runpy.run_path(str(ROOT / "sweep.py"), run_name="__main__")
-
-    yield app
-    GlobalHydra.instance().clear()
-    for handler in {*root.handlers, *ours.handlers} - {*saved[1], *saved[3]}:
-        handler.close()
-    root.setLevel(saved[0])
-    root.handlers[:] = saved[1]
-    ours.setLevel(saved[2])
-    ours.handlers[:] = saved[3]
-    ours.propagate = saved[4]
 
 
 def test_plugin_is_discovered():
