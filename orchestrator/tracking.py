@@ -122,6 +122,21 @@ def refused(uri: str, status: int) -> str:
     )
 
 
+@contextmanager
+def credentials_checked(uri: str) -> Iterator[None]:
+    """A server's refusal of the sweep's credentials (401/403) inside becomes refused()'s
+    ConfigError: one line, before any work; any other MLflow error passes unchanged."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as e:
+        status = e.get_http_status_code()
+        if status not in (401, 403):
+            raise
+        raise ConfigError(refused(uri, status)) from None
+
+
 def check_artifact_root(cfg: TrackingCfg) -> Path | None:
     """The local folder new experiments keep artifacts in must be writable."""
     if resolve_uri(cfg).startswith(("http://", "https://")):
@@ -171,7 +186,8 @@ def existing_runs(cfg: TrackingCfg) -> dict[str, list[str]]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(cfg.experiment)
+    with credentials_checked(uri):
+        exp = client.get_experiment_by_name(cfg.experiment)
     if exp is None:
         return {}
     found: dict[str, list[str]] = {}
@@ -204,17 +220,9 @@ class Tracker:
         self.uri = resolve_uri(cfg)
         check_reachable(self.uri)
         root = check_artifact_root(cfg)
-        from mlflow.exceptions import MlflowException
-
-        with _store_lock(self.uri):  # the client's first access creates the store's tables
+        with _store_lock(self.uri), credentials_checked(self.uri):  # the first access creates the tables
             self.client = MlflowClient(tracking_uri=self.uri)
-            try:
-                self.experiment_id = self._experiment(cfg.experiment, root)
-            except MlflowException as e:
-                status = e.get_http_status_code()
-                if status not in (401, 403):
-                    raise
-                raise ConfigError(refused(self.uri, status)) from None
+            self.experiment_id = self._experiment(cfg.experiment, root)
 
     def _experiment(self, name: str, root: Path | None) -> str:
         """The experiment's id, created when new. Sweeps started at once on a server (the

@@ -191,6 +191,30 @@ def test_existing_runs_reads_a_store_and_creates_none(tmp_path, mlflow_db):
 # -- through the launcher ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("code, status", [("UNAUTHENTICATED", "401 not authenticated"), ("PERMISSION_DENIED", "403")])
+def test_a_server_that_refuses_the_credentials_is_one_line_for_the_dry_run_too(monkeypatch, code, status):
+    """existing_runs (the dry run's runs column) reads a server as a sweep does: a refusal is
+    refused()'s one line naming the server, not MLflow's traceback."""
+    import mlflow.tracking
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos import databricks_pb2
+
+    from orchestrator import tracking
+
+    class Refusing:
+        def __init__(self, tracking_uri):
+            pass
+
+        def get_experiment_by_name(self, name):
+            raise MlflowException("refused", error_code=getattr(databricks_pb2, code))
+
+    monkeypatch.setattr(tracking, "check_reachable", lambda uri: None)
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", Refusing)
+    with pytest.raises(ConfigError) as e:
+        tracking.existing_runs(TrackingCfg(uri="http://127.0.0.1:9"))
+    assert str(e.value).startswith("tracking.uri='http://127.0.0.1:9' refused") and status in str(e.value)
+
+
 def test_dry_run_prints_the_plan_with_exclusions_and_runs_nothing(sweep_in_tmp, tmp_path, capsys):
     sweep_in_tmp(
         "-m",
