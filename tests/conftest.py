@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import signal
 from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
@@ -29,6 +30,15 @@ import yaml
 from tasks.specs import BenchOptions, ModelSpec, PhaseSpec
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def interruptible() -> None:
+    """Popen's preexec_fn for a sweep a test interrupts: SIGINT at its default in the child.
+    A process started by a shell without job control (`cmd &` in a script, nohup, some CI
+    runners) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 CONF = ROOT / "conf"
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SHRINK, compose_jobs
+from tests.conftest import ROOT, SHRINK, compose_jobs, interruptible
 
 pytestmark = pytest.mark.slow
 ORT = {f"{m}_{p}_onnxruntime_cpu" for m in ("llama", "phi3") for p in ("prefill", "decode")}
@@ -399,24 +399,18 @@ def test_ctrl_c_closes_every_open_run_and_keeps_what_was_logged(tmp_path, mlflow
     uri = mlflow_db(tmp_path)
     names = ["llama_prefill_onnxruntime_cpu", "llama_decode_onnxruntime_cpu"]
     slow = ["bench.min_seconds=30", "bench.max_seconds=60"]
-    # A process started in the background by a shell without job control (nohup, `cmd &` in
-    # a script, some CI runners) inherits SIGINT ignored, and so would the sweep: Python then
-    # never raises KeyboardInterrupt. Handled here, SIGINT is default again in the child.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        proc = sweep_process(
-            tmp_path,
-            "-m",
-            *SHRINK,
-            cache_override,
-            "phase=prefill,decode",
-            *slow,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    proc = sweep_process(
+        tmp_path,
+        "-m",
+        *SHRINK,
+        cache_override,
+        "phase=prefill,decode",
+        *slow,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=interruptible,  # it gets SIGINT
+    )
     try:
         waiting, seen = set(names), []
         for line in proc.stdout:  # the driver's progress lines, as they come

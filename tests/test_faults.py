@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SHRINK
+from tests.conftest import ROOT, SHRINK, interruptible
 
 SPIN = ROOT / "tests" / "spin_backend"
 SPIN_GRID = ["model=llama", "phase=decode", "backend=spin", f"hydra.searchpath=[file://{SPIN / 'conf'}]", *SHRINK]
@@ -76,6 +76,7 @@ class Sweep:
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,  # Ray's processes, its workers and the benchmarks' join this session
+            preexec_fn=interruptible,  # tests send it SIGINT
         )
         self.out: list[str] = []
         self.err: list[str] = []
