@@ -42,6 +42,7 @@ GRID_10K = [
     "model.seed=0,1,2,3,4,5,6,7,8",
     "bench.repeats=1,2,3,4,5",
 ]
+BATCH_SUFFIXES = tuple(f"_b{b}" for b in range(1, 9))
 CPU_BOUND_S = 20.0  # twice the target (10 s on 2 cores); see the module's doc
 
 
@@ -57,9 +58,11 @@ def test_a_10k_variant_grid_dry_run_plans_in_seconds(sweep_in_tmp, tmp_path, cap
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     out = capsys.readouterr().out
     assert out.startswith("phasesweep: 10080 variant(s), 864 export(s), 1440 skipped\n")
-    rows = [line.split()[0] for line in out.splitlines() if line.startswith(("llama_", "phi3_"))]
-    named = [name for name in rows if name.endswith(tuple(f"_b{b}" for b in range(1, 9)))]
+    rows = [line.split() for line in out.splitlines() if line.startswith(("llama_", "phi3_"))]
+    skipped = [row[0] for row in rows if row[1].startswith("(job")]  # the skipped table: name (job #N) reason
+    named = [row[0] for row in rows if not row[1].startswith("(job") and row[0].endswith(BATCH_SUFFIXES)]
     assert len(named) == len(set(named)) == 10080  # every variant listed, named by what varies
+    assert len(skipped) == len(set(skipped)) == 1440 and not set(skipped) & set(named)  # skipped ones too
     # Hydra composed the reference and one star per other group option (phi3, decode,
     # compile, onnxruntime, executorch, cuda): the other 25 combinations were swapped together
     assert len(composed) == 7, composed
