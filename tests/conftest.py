@@ -253,3 +253,17 @@ def sweep_in_tmp(monkeypatch, tmp_path, sweep_app):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PWD", str(tmp_path))
     return sweep_app
+
+
+@pytest.fixture(scope="module")
+def hydra_loader():
+    """(Hydra's config loader, the sweep's master config) as the launcher gets them."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        yield loader, loader.load_configuration("sweep", [], RunMode.MULTIRUN)
+    GlobalHydra.instance().clear()

@@ -16,16 +16,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hydra import initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
-from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict
 
 from orchestrator.compose import JobConfigs
 from orchestrator.config import ConfigError, validate_all
 from orchestrator.plan import make_plan
-from tests.conftest import CONF, capacity
+from tests.conftest import capacity
 
 # value overrides of every type, applied on top of each combination
 VALUES = [
@@ -57,16 +54,6 @@ ODD_JOBS = [
     ["model=llama", "phase=prefill", "backend=eager", "device=cuda", "phase.seed=${model.seed}"],  # interpolation
     ["model=phi3", "phase=decode", "backend=executorch", "device=cpu", "model.seed=7", "model.seed=9"],  # twice
 ]
-
-
-@pytest.fixture(scope="module")
-def hydra_loader():
-    """(Hydra's config loader, the sweep's master config) as the launcher gets them."""
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        loader = GlobalHydra.instance().config_loader()
-        yield loader, loader.load_configuration("sweep", [], RunMode.MULTIRUN)
-    GlobalHydra.instance().clear()
 
 
 def full_compose(loader, master, job: list[str], num: int):

@@ -18,18 +18,14 @@ import itertools
 import sys
 import time
 
-import pytest
-from hydra import initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
-from hydra.core.global_hydra import GlobalHydra
-from hydra.types import RunMode
 
 import orchestrator.config
 from orchestrator.compose import JobConfigs
 from orchestrator.config import validate_all
 from orchestrator.plan import make_plan
 from orchestrator.report import plan_text
-from tests.conftest import CONF, ROOT, capacity
+from tests.conftest import ROOT, capacity
 
 # 2 x 2 x 4 x 2 = 32 combinations of group choices x 360 value overrides = 11,520 jobs:
 # 10,080 variants, 1,440 skipped (executorch has no cuda)
@@ -94,15 +90,6 @@ def _lines_run_in_orchestrator(fn) -> int:
     finally:
         sys.settrace(previous)
     return count
-
-
-@pytest.fixture(scope="module")
-def hydra_loader():
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        loader = GlobalHydra.instance().config_loader()
-        yield loader, loader.load_configuration("sweep", [], RunMode.MULTIRUN)
-    GlobalHydra.instance().clear()
 
 
 def test_planning_is_linear_in_the_grid(hydra_loader):
