@@ -9,7 +9,6 @@ each with one line, after every open run is closed. Hydra's traceback is never t
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,15 +18,7 @@ from omegaconf import DictConfig
 
 from orchestrator.config import ConfigError
 from orchestrator.outcome import Outcome, Status
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised in the driver's main thread: unwinds like Ctrl-C, so every exit path
-    closes what it opened."""
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise Terminated()
+from orchestrator.signals import Terminated, installed
 
 
 def run_or_exit(
@@ -45,9 +36,9 @@ def run_or_exit(
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     from orchestrator.run import run_sweep  # the driver loads when a run starts: sweep.py --help stays fast
 
-    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        outcomes = run_sweep(configs, overrides, out_dir, command, dry_run=dry_run, grid=grid)
+        with installed():  # Ctrl-C and SIGTERM wait for a write to the store in flight (orchestrator.signals)
+            outcomes = run_sweep(configs, overrides, out_dir, command, dry_run=dry_run, grid=grid)
     except ConfigError as e:
         sys.exit(f"phasesweep: {e}")
     except KeyboardInterrupt:  # every open run is closed KILLED by now, Ray is shut down
@@ -56,8 +47,6 @@ def run_or_exit(
     except Terminated:
         print("phasesweep: terminated (SIGTERM); open runs closed as KILLED, finished ones kept", file=sys.stderr)
         sys.exit(143)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     failed = sorted({o.name for o in outcomes.values() if o.status == Status.FAILED})
     if failed:
         sys.exit(f"phasesweep: {len(failed)} variant(s) failed: {', '.join(failed)}")

@@ -24,6 +24,7 @@ from orchestrator.plan import Plan, make_plan
 from orchestrator.progress import Progress
 from orchestrator.report import plan_text, say, summary_rows, table
 from orchestrator.scheduler import Scheduler
+from orchestrator.signals import deferred
 from orchestrator.tracking import Tracker, existing_runs, resolve_uri, ui_command, ui_lines
 from orchestrator.variant import Variant
 from tasks.bench import pool_repeats
@@ -260,7 +261,12 @@ class SweepRun:
         self.progress.ended(o.name, Status.FAILED, f"  FAILED    {o.name:<44} {failure.stage}: {failure.error}")
 
     def abort(self, why: str) -> None:
-        """Ctrl-C or a driver error: close every open run with the reason, lose nothing logged."""
+        """Ctrl-C or a driver error: close every open run with the reason, lose nothing logged.
+        A second Ctrl-C waits until every run is closed."""
+        with deferred():
+            self._close_open_runs(why)
+
+    def _close_open_runs(self, why: str) -> None:
         for o in self.outcomes.values():
             if not o.ended and o.run_id:
                 self.tracker.log(o.run_id, tags={"status": Status.ABORTED, "error": why})

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import ConfigError, TrackingCfg
+from orchestrator.signals import Deferring
 
 MAX_PARAMS, MAX_METRICS, MAX_TAG = 100, 1000, 5000  # MLflow's per-batch and per-value limits
 
@@ -221,7 +222,8 @@ class Tracker:
         check_reachable(self.uri)
         root = check_artifact_root(cfg)
         with _store_lock(self.uri), credentials_checked(self.uri):  # the first access creates the tables
-            self.client = MlflowClient(tracking_uri=self.uri)
+            # each call whole: a Ctrl-C waits for the write in flight (orchestrator.signals)
+            self.client = Deferring(MlflowClient(tracking_uri=self.uri))
             self.experiment_id = self._experiment(cfg.experiment, root)
 
     def _experiment(self, name: str, root: Path | None) -> str:
