@@ -117,8 +117,12 @@ def plan_jobs(*jobs: list[str] | tuple[str, ...], shrink: bool = True, cap=None)
 
 @pytest.fixture(scope="session")
 def export_cache(tmp_path_factory) -> Path:
-    """The test session's one export cache: tests and sweeps alike fill and reuse it."""
-    return tmp_path_factory.mktemp("export_cache")
+    """The test session's one export cache: tests and sweeps alike fill and reuse it, in every
+    test process (pytest-xdist's workers share it: an export is renamed into place complete)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    (folder := shared / "export_cache").mkdir(exist_ok=True)
+    return folder
 
 
 @pytest.fixture(scope="session")
