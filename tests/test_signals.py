@@ -15,7 +15,16 @@ from orchestrator.tracking import Tracker
 
 
 @pytest.fixture
-def driver_handlers():
+def default_sigint():
+    """SIGINT at Python's default, whatever this process inherited (a shell's background job,
+    and so pytest's workers, ignore it)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture
+def driver_handlers(default_sigint):
     with installed():
         yield
 
@@ -51,7 +60,7 @@ def test_an_exception_leaving_a_write_wins_over_a_signal_that_waited(driver_hand
     assert signals._pending == [] and signals._depth == 0
 
 
-def test_the_previous_handlers_come_back_and_an_ignored_sigint_stays_ignored():
+def test_the_previous_handlers_come_back_and_an_ignored_sigint_stays_ignored(default_sigint):
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         with installed():
