@@ -22,6 +22,9 @@ min_effect, is called slower or faster only beyond 50% (its interval describes t
 within each run, not a load or machine speed that came or went between the two sweeps);
 `same` keeps the min-effect band; in between it is inconclusive, and the table says why.
 
+Below the table, what changed inside each variant's artifact (tasks/anatomy.py, from the runs'
+anatomy.json): "+24 transposes", "aten.bmm no longer delegated", ops new or gone.
+
 The table is printed and logged on the candidate's sweep run (compare.txt, compare.json, tag
 compare.baseline). Exit status: 1 when any variant is slower, 0 otherwise, 2 on usage errors
 (for example fewer than two sweeps to compare).
@@ -44,6 +47,7 @@ import numpy as np
 from orchestrator.config import TrackingCfg
 from orchestrator.report import table
 from orchestrator.tracking import resolve_uri
+from tasks import anatomy
 
 SAMPLES = "latency_samples.json"
 BLOCKS = 20  # contiguous blocks per run: the unit of the bootstrap and of the rank test
@@ -307,12 +311,9 @@ def _reused_runs(client: Any, parent_run_id: str, dst: Path) -> list[Any]:
     return [client.get_run(run_id) for run_id in json.loads(Path(local).read_text()).values()]
 
 
-def sweep_samples(
-    client: Any, parent_run_id: str, dst: Path
-) -> tuple[dict[str, np.ndarray], list[str], dict[str, Conditions]]:
-    """{variant name: samples in ns, in the order timed} of one sweep's variants that ended ok
-    (its child runs and the earlier runs it reused), the names of those without a readable
-    samples artifact, and each variant's Conditions."""
+def _ok_runs(client: Any, parent_run_id: str, dst: Path) -> list[Any]:
+    """One sweep's variant runs that ended ok, newest first: its child runs, then the earlier
+    runs it reused."""
     parent = client.get_run(parent_run_id)
     runs = client.search_runs(
         [parent.info.experiment_id],
@@ -320,7 +321,40 @@ def sweep_samples(
         order_by=["attributes.start_time DESC"],
         max_results=10_000,
     )
-    runs = list(runs) + _reused_runs(client, parent_run_id, dst)
+    return list(runs) + _reused_runs(client, parent_run_id, dst)
+
+
+def sweep_anatomies(client: Any, parent_run_id: str, dst: Path) -> dict[str, dict]:
+    """{variant name: tasks.anatomy of its artifact} of one sweep's ok variants that have one."""
+    found: dict[str, dict] = {}
+    for run in _ok_runs(client, parent_run_id, dst):
+        name = run.info.run_name
+        if name in found or "anatomy_nodes" not in run.data.metrics:  # eager, compile: no artifact
+            continue
+        try:
+            local = client.download_artifacts(run.info.run_id, anatomy.ARTIFACT, str(dst / run.info.run_id))
+            found[name] = json.loads(Path(local).read_text())
+        except Exception:  # a run from before anatomies were recorded
+            continue
+    return found
+
+
+def anatomy_lines(changes: Mapping[str, list[str]]) -> list[str]:
+    """What changed inside the artifacts, one line per variant whose artifact changed."""
+    if not changes:
+        return []
+    return ["", "inside the artifacts (baseline -> candidate):"] + [
+        f"  {name}: {', '.join(words)}" for name, words in sorted(changes.items())
+    ]
+
+
+def sweep_samples(
+    client: Any, parent_run_id: str, dst: Path
+) -> tuple[dict[str, np.ndarray], list[str], dict[str, Conditions]]:
+    """{variant name: samples in ns, in the order timed} of one sweep's variants that ended ok
+    (its child runs and the earlier runs it reused), the names of those without a readable
+    samples artifact, and each variant's Conditions."""
+    runs = _ok_runs(client, parent_run_id, dst)
     samples: dict[str, np.ndarray] = {}
     missing = []
     conditions: dict[str, Conditions] = {}
@@ -375,6 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="phasesweep-compare-") as tmp:
             base, base_missing, base_cond = sweep_samples(client, base_id, Path(tmp))
             cand, cand_missing, cand_cond = sweep_samples(client, cand_id, Path(tmp))
+            base_anatomy = sweep_anatomies(client, base_id, Path(tmp))
+            cand_anatomy = sweep_anatomies(client, cand_id, Path(tmp))
     except UsageError as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
@@ -388,6 +424,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.update(
         baseline=base_id, candidate=cand_id, without_samples={"baseline": base_missing, "candidate": cand_missing}
     )
+    report["anatomy_changes"] = {
+        name: words
+        for name in sorted(set(base_anatomy) & set(cand_anatomy))
+        if (words := anatomy.changes(base_anatomy[name], cand_anatomy[name]))
+    }
     lines = [
         f"baseline  = {base_id}",
         f"candidate = {cand_id}",
@@ -398,6 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         table(compare_rows(report)),
         "",
         summary_line(report),
+        *anatomy_lines(report["anatomy_changes"]),
     ]
     for side, names in (("baseline", base_missing), ("candidate", cand_missing)):
         if names:

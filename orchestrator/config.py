@@ -21,7 +21,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from tasks.export import format_module
 from tasks.families import FAMILIES, model_dims
 from tasks.phases import phase_module
-from tasks.runtimes import runtime_module
+from tasks.runtimes import profiled_runtimes, runtime_module
 from tasks.specs import (
     ATTENTIONS,
     DEVICES,
@@ -293,6 +293,11 @@ class _Validator:
             if self.checked[keys[key]] is not None:
                 raise self.checked[keys[key]]
         point = SweepPoint(**parts)
+        if point.bench.profile and not hasattr(runtime_module(point.backend.runtime), "PROFILER"):
+            raise ConfigError(
+                f"bench.profile=true: backend.runtime={point.backend.runtime!r} has no profiler (no PROFILER in "
+                f"its module); runtimes that profile: {', '.join(profiled_runtimes())}"
+            )
         pair = (keys["phase"], keys["model"])
         if pair not in self.phases:
             self.phases[pair] = self._outcome(lambda: self._phase(point, keys["model"]))

@@ -3,6 +3,7 @@ export jobs. The plan is final when made: nothing mutates it afterwards."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -37,6 +38,7 @@ SHORT = {
     "model.kv_cache": "kv",
     "model.attention": "",
     "model.size": "",
+    "backend.export_options.passes": "passes-",
 }
 DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
@@ -48,6 +50,8 @@ def suffix(key: str, value: Any) -> str:
         return f"ckpt-{Path(value).name}" if value else "random"
     prefix = SHORT.get(key, key.rsplit(".", 1)[-1])
     text = str(value).lower() if isinstance(value, bool) else str(value)
+    if text.startswith("["):  # a list, as params hold it (JSON): its items joined, or "none"
+        text = "+".join(str(item) for item in json.loads(text)) or "none"
     return f"{prefix}{text}".replace("/", "-").replace(" ", "")
 
 

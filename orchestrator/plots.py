@@ -410,3 +410,27 @@ def memory_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     )
     fig.tight_layout()
     return _save(fig, path)
+
+
+# -- a variant's per-op profile (bench.profile=true; tasks/profiles.py's rows) --------------------
+def profile_plot(rows: list[dict[str, Any]], name: str, path: Path) -> bool:
+    """The top ops of one variant's call as horizontal bars of time per call, largest on top,
+    each labelled with its share of the call and executions per call; the rest and the time
+    outside ops in grey."""
+    if not rows:
+        return False
+    plt = _matplotlib()
+    ordered = list(reversed(rows))  # barh draws bottom-up
+    fig, ax = plt.subplots(figsize=(8.5, 0.32 * len(rows) + 1.4))
+    colors = ["0.7" if r["op"].startswith("(") else "C0" for r in ordered]
+    ax.barh(range(len(ordered)), [r["us_per_call"] for r in ordered], color=colors)
+    ax.set_yticks(range(len(ordered)), [r["op"] for r in ordered], fontsize=8)
+    for i, r in enumerate(ordered):
+        note = f" {r['share']:.1%}" + (f"  x{r['per_call']:g}" if r["per_call"] else "")
+        ax.annotate(note, (r["us_per_call"], i), va="center", fontsize=7, xytext=(2, 0), textcoords="offset points")
+    ax.set_xlim(0, max(r["us_per_call"] for r in rows) * 1.25)
+    ax.set_xlabel("exclusive time per call, us  (label: share of the call, executions per call)")
+    ax.set_title(f"Where the call's time goes: {name}", fontsize=10, loc="left")
+    ax.grid(alpha=0.3, axis="x")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, path)

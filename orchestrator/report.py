@@ -207,11 +207,6 @@ def sweep_note(command: str | None, rows: list[dict[str, Any]], limit: int = 500
     return head[:limit]
 
 
-def table_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """summary_rows by column, for MlflowClient.log_table."""
-    return {c: [str(r[c]) for r in rows] for c in (rows[0] if rows else [])}
-
-
 # -- the report of an earlier sweep, from MLflow alone ----------------------------------------
 class ReportError(Exception):
     """A reference that names no sweep; the CLI exits 2 with the message."""

@@ -27,6 +27,7 @@ from orchestrator.scheduler import Scheduler
 from orchestrator.signals import deferred
 from orchestrator.tracking import Tracker, existing_runs, resolve_uri, ui_command, ui_lines
 from orchestrator.variant import Variant
+from tasks import anatomy
 from tasks.bench import pool_repeats
 from tasks.specs import BenchResult, ExportResult, Failure
 
@@ -174,13 +175,20 @@ class SweepRun:
             o.metrics.update(export_seconds=result.export_seconds, artifact_mb=result.artifact_mb)
             self.tracker.log(
                 o.run_id,
-                metrics={"export_seconds": result.export_seconds, "artifact_mb": result.artifact_mb},
+                metrics={
+                    "export_seconds": result.export_seconds,
+                    "artifact_mb": result.artifact_mb,
+                    **(anatomy.headline(result.anatomy) if result.anatomy else {}),
+                },
                 params={
                     **{f"shape.{n}": s for n, s in result.input_shapes.items()},
                     **{f"export.{k}": v for k, v in result.details.items()},
                 },
                 tags={"status": Status.RUNNING, "export_cache_hit": result.cache_hit, "export_dir": result.out_dir},
             )
+            if result.anatomy:  # what is inside the artifact: the whole record and its op histogram
+                self.tracker.log_dict(o.run_id, result.anatomy, anatomy.ARTIFACT)
+                self.tracker.log_table(o.run_id, anatomy.rows(result.anatomy), anatomy.TABLE)
             if result.artifact:
                 self.log_model(o, result)
             o.status = Status.RUNNING
@@ -239,6 +247,8 @@ class SweepRun:
         if result.samples_ns:
             samples = {"variant": name, "unit": "ns", "first_call_ns": result.first_call_ns, "samples": result.samples_ns}
             self.tracker.log_dict(o.run_id, samples, "latency_samples.json", indent=None)
+        if result.profile:  # bench.profile: the top ops as a table and a chart
+            self.log_profile(o, result.profile)
         if not result.ok:
             self.fail(o, result.failure)
             return
@@ -251,6 +261,16 @@ class SweepRun:
             f"  measured  {name:<44} {o.metrics['latency_ms_median']:8.3f} ms median, parity "
             f"{o.metrics['parity_max_abs_diff']:.1e}{'  UNSTABLE' if o.unstable else ''}",
         )
+
+    def log_profile(self, o: Outcome, rows: list[dict[str, Any]]) -> None:
+        from orchestrator.plots import profile_plot
+        from tasks.profiles import CHART, TABLE
+
+        self.tracker.log_table(o.run_id, rows, TABLE)
+        folder = self.out_dir / "profiles" / o.name
+        folder.mkdir(parents=True, exist_ok=True)
+        if profile_plot(rows, o.name, folder / CHART):
+            self.tracker.artifact(o.run_id, folder / CHART)
 
     def fail(self, o: Outcome, failure: Failure) -> None:
         o.status, o.stage, o.error = Status.FAILED, failure.stage, failure.error
@@ -294,7 +314,7 @@ class SweepRun:
         # the plots (orchestrator.plots: the report draws the same from MLflow): latency.png
         # at the root of the sweep's run, the others under plots/
         from orchestrator.plots import make_plots
-        from orchestrator.report import plot_rows, sweep_note, table_columns
+        from orchestrator.report import plot_rows, sweep_note
 
         params = {pv.name: pv.variant.params for pv in self.plan.variants}
         params.update({s.name: s.variant.params for s in self.plan.skipped})
@@ -306,8 +326,8 @@ class SweepRun:
         client = getattr(self.tracker, "client", None)  # MLflow's own; a test's tracker has none
         command = client.get_run(self.parent).data.params.get("command") if client else None
         self.tracker.log(self.parent, tags={"mlflow.note.content": sweep_note(command, rows)})
-        if client and rows:
-            client.log_table(self.parent, data=table_columns(rows), artifact_file="summary_table.json")
+        if rows:
+            self.tracker.log_table(self.parent, rows, "summary_table.json")
         self.tracker.end(self.parent, "FAILED" if failed else "FINISHED")
         return text
 

@@ -329,6 +329,12 @@ class Tracker:
     def log_dict(self, run_id: str, obj: Any, name: str, indent: int | None = 1) -> None:
         self.client.log_text(run_id, json.dumps(obj, indent=indent, default=str), name)
 
+    def log_table(self, run_id: str, rows: list[dict[str, Any]], name: str) -> None:
+        """Rows as an MLflow table (the UI's artifact view shows it as one), every cell text."""
+        if rows:
+            columns = {c: [str(r.get(c, "")) for r in rows] for c in rows[0]}
+            self.client.log_table(run_id, data=columns, artifact_file=name)
+
     def log_text(self, run_id: str, text: str, name: str) -> None:
         self.client.log_text(run_id, text, name)
 

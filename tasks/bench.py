@@ -372,4 +372,5 @@ def pool_repeats(results: list[BenchResult], opts: BenchOptions) -> BenchResult:
         samples_ns=pooled,
         first_call_ns=first.first_call_ns,
         env=first.env,
+        profile=first.profile,  # one process's profile: where time goes, not how long
     )

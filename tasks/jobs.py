@@ -48,6 +48,7 @@ def _result_from_meta(spec: ExportSpec, out: Path, cache_hit: bool) -> ExportRes
         artifact_mb=meta["artifact_mb"],
         input_shapes=meta["input_shapes"],
         details=meta["details"],
+        anatomy=meta.get("anatomy"),
     )
 
 
@@ -125,6 +126,7 @@ def export_job(spec: ExportSpec) -> ExportResult:
     try:
         import torch
 
+        from tasks.description import describe
         from tasks.export import format_module
         from tasks.models import build_model, count_parameters, embedding_facts, model_dims
         from tasks.phases import phase_module
@@ -138,8 +140,11 @@ def export_job(spec: ExportSpec) -> ExportResult:
         data = phase.make_data(model, spec.phase, m.kv_cache, dims)
         graph = phase.build_graph(model, m.family, m.kv_cache, m.attention)
         input_names, output_names = phase.io_names(dims["layers"])
+        description = describe(spec, dims, _signature(input_names, data.example_args()), _outputs(graph, data, output_names))
         t0 = time.perf_counter()
-        artifact, details = fmt.export(graph, data.example_args(), input_names, output_names, tmp, spec.options)
+        artifact, details, anatomy = fmt.export(
+            graph, data.example_args(), input_names, output_names, tmp, spec.options, description
+        )
         export_seconds = time.perf_counter() - t0
         np.savez(tmp / INPUTS, **data.feeds)
         np.savez(tmp / PARITY, **data.parity)
@@ -154,6 +159,7 @@ def export_job(spec: ExportSpec) -> ExportResult:
             "output_names": output_names,
             "input_shapes": data.shapes(),
             "input_dtypes": data.dtypes,
+            "anatomy": anatomy,  # tasks.anatomy: what is inside the artifact (None without one)
             "details": {
                 **details,
                 **data.dims,
@@ -177,6 +183,21 @@ def export_job(spec: ExportSpec) -> ExportResult:
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         return ExportResult(key=spec.key, out_dir=str(out), ok=False, failure=_failure("export", exc))
+
+
+def _signature(names: list[str], tensors: Any) -> dict[str, tuple[list[int], str]]:
+    """{name: (shape, dtype)} of the graph's inputs or outputs, in order."""
+    return {n: (list(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in zip(names, tensors, strict=True)}
+
+
+def _outputs(graph: Any, data: Any, output_names: list[str]) -> dict[str, tuple[list[int], str]]:
+    """The graph's outputs, from one eager call on copies of the inputs (a cache update may
+    write into its inputs in place: the saved feeds stay as generated)."""
+    import torch
+
+    with torch.no_grad():
+        outs = graph(*(a.clone() for a in data.example_args()))
+    return _signature(output_names, outs if isinstance(outs, (tuple, list)) else (outs,))
 
 
 def load_export(export_dir: str | Path) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -387,6 +408,12 @@ def bench_job(spec: BenchSpec) -> BenchResult:
         )
         result.samples_ns = m.samples_ns  # to the driver, inline
         result.first_call_ns = int(result.metrics["first_call_ms"] * 1e6)
+        if spec.bench.profile:  # after every timed call: the profiler never touches the numbers above
+            stage = "profile"
+            from tasks.profiles import CALLS
+
+            with tempfile.TemporaryDirectory(prefix="phasesweep-profile-") as folder, timed_region():
+                result.profile = session.profile(feeds, CALLS, Path(folder))
         result.ok = True
     except Exception as exc:
         result.failure = _failure(stage, exc)

@@ -96,6 +96,7 @@ class BenchOptions:
     unstable_iqr: float = 0.10  # IQR / median above which a variant is flagged unstable
     parity_atol: float | None = None  # None: by model dtype (tasks/parity.py ATOL)
     repeats: int = 1  # fresh processes per variant, run in random interleaved order across the sweep
+    profile: bool = False  # per-op profile after the timed loop (tasks/profiles.py), never during it
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class ExportResult:
     artifact_mb: float = 0.0
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
+    anatomy: dict[str, Any] | None = None  # tasks.anatomy of the artifact; None without one
     failure: Failure | None = None
 
 
@@ -142,4 +144,5 @@ class BenchResult:
     samples_ns: list[int] = field(default_factory=list)  # raw timed samples, returned inline
     first_call_ns: int = 0
     env: dict[str, str] = field(default_factory=dict)  # where it ran: CPU, GPU, library versions
+    profile: list[dict[str, Any]] = field(default_factory=list)  # bench.profile: tasks.profiles.top_ops rows
     failure: Failure | None = None

@@ -183,7 +183,11 @@ def store(tmp_path_factory):
     t = [1_700_000_000_000]
 
     def sweep(
-        variants: dict[str, np.ndarray], failed: tuple[str, ...] = (), experiment: str = exp, probe_us: float = 100.0
+        variants: dict[str, np.ndarray],
+        failed: tuple[str, ...] = (),
+        experiment: str = exp,
+        probe_us: float = 100.0,
+        anatomies: dict[str, dict] | None = None,
     ) -> str:
         t[0] += 60_000
         parent = client.create_run(experiment, start_time=t[0], run_name="sweep", tags={"phasesweep.role": "sweep"})
@@ -195,6 +199,9 @@ def store(tmp_path_factory):
             payload = {"variant": name, "unit": "ns", "first_call_ns": 10**7, "samples": samples.tolist()}
             client.log_text(child.info.run_id, json.dumps(payload), "latency_samples.json")
             client.log_metric(child.info.run_id, "machine_probe_us", probe_us)
+            if anatomies and name in anatomies:  # as the sweep logs it: a metric says there is one
+                client.log_metric(child.info.run_id, "anatomy_nodes", anatomies[name]["nodes"])
+                client.log_text(child.info.run_id, json.dumps(anatomies[name]), "anatomy.json")
             client.set_terminated(child.info.run_id)
         client.set_terminated(pid)
         return pid
@@ -244,6 +251,39 @@ def test_compare_two_sweeps_end_to_end(store, capsys):
     assert main([base, slow_machine, "--uri", uri]) == 0
     out = capsys.readouterr().out
     assert "inconclusive (machine speed 0.71x)" in out and "0 slower" not in out
+
+
+def test_what_changed_inside_the_artifacts_is_shown_under_the_table(store, capsys):
+    """A module swap that adds transposes and takes an op out of XNNPACK: named per variant."""
+    from collections import Counter
+
+    from tasks.anatomy import summary
+
+    uri, client, sweep = store
+    rng = np.random.default_rng(1)
+    name = "llama_decode_executorch_cpu"
+    xnn = {"backend": "XnnpackBackend", "ops": {"aten.bmm": 2, "aten.permute_copy": 2}}
+    before = summary(Counter({"aten.bmm": 2, "aten.permute_copy": 2}), Counter(), [xnn], 1000, 5000)
+    after = summary(
+        Counter({"aten.bmm": 2, "aten.permute_copy": 4}),
+        Counter({"aten.bmm": 2}),
+        [{"backend": "XnnpackBackend", "ops": {"aten.permute_copy": 4}}],
+        1000,
+        5000,
+    )
+    base = sweep({name: stalls(rng, 500), "eager_only": stalls(rng, 500)}, anatomies={name: before})
+    cand = sweep({name: stalls(rng, 500), "eager_only": stalls(rng, 500)}, anatomies={name: after})
+    main([base, cand, "--uri", uri])
+    out = capsys.readouterr().out
+    assert "inside the artifacts (baseline -> candidate):" in out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith(f"  {name}: ")]
+    assert line == f"  {name}: +2 ops, +2 transposes, aten.bmm no longer delegated, aten.permute_copy +2"
+    report = json.loads(open(client.download_artifacts(cand, "compare.json")).read())
+    assert list(report["anatomy_changes"]) == [name]  # eager_only has no artifact: nothing to say
+    # an unchanged artifact says nothing
+    again = sweep({name: stalls(rng, 500)}, anatomies={name: after})
+    main([cand, again, "--uri", uri])
+    assert "inside the artifacts" not in capsys.readouterr().out
 
 
 def test_usage_errors_exit_2(store, capsys):

@@ -183,8 +183,12 @@ def test_backend_yaml_lists_exactly_its_modules_options_with_their_defaults(opti
         ("options", runtime_module(y.get("runtime") or y["name"])),
         ("export_options", format_module(y["export_format"])),
     ):
-        schema = {f.name: f.default for f in dataclasses.fields(module.Options)}
-        assert all(f.default is not dataclasses.MISSING for f in dataclasses.fields(module.Options)), module.__name__
+        def default(f):  # a value, or a factory of one (a list)
+            return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+        fields = dataclasses.fields(module.Options)
+        assert all((f.default, f.default_factory) != (dataclasses.MISSING,) * 2 for f in fields), module.__name__
+        schema = {f.name: default(f) for f in fields}
         assert (y.get(section) or {}) == schema, f"conf/backend/{option}.yaml `{section}` vs {module.__name__}.Options"
         assert list(y.get(section) or {}) == list(schema)  # in the same order, as they read side by side
 

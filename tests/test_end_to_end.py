@@ -181,8 +181,9 @@ def check_onnxruntime_child(client, run):
     assert tags["env.cpu_count"] and tags["env.cpu_model"] and tags["env.version.onnxruntime"]
     assert m["parity_steps"] == (8 if phase_of(name) == "decode" else 1)
     files = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "latency_samples.json", "parity.json", "model"} <= files
+    assert {"config.yaml", "latency_samples.json", "parity.json", "model", "anatomy.json", "anatomy_ops.json"} <= files
     assert [a.path for a in client.list_artifacts(run.info.run_id, "model")] == ["model/model.onnx"]
+    check_anatomy(client, run)
     samples = artifact_json(client, run.info.run_id, "latency_samples.json")
     assert len(samples["samples"]) == m["iterations"] and samples["unit"] == "ns" and samples["variant"] == name
     assert samples["first_call_ns"] == pytest.approx(m["first_call_ms"] * 1e6, abs=1)
@@ -190,6 +191,18 @@ def check_onnxruntime_child(client, run):
     assert parity["passed"] and parity["steps"] == m["parity_steps"]
     config = Path(client.download_artifacts(run.info.run_id, "config.yaml")).read_text()
     assert f"name: {tags['model']}" in config and "hydra" not in config
+
+
+def check_anatomy(client, run):
+    """The artifact's anatomy on its run: headline metrics, the whole record, the op table."""
+    m = run.data.metrics
+    anatomy = artifact_json(client, run.info.run_id, "anatomy.json")
+    assert m["anatomy_nodes"] == anatomy["nodes"] == sum(anatomy["ops"].values()) > 0
+    assert m["anatomy_transposes"] == anatomy["transposes"] and m["anatomy_constant_bytes"] > 0
+    table = artifact_json(client, run.info.run_id, "anatomy_ops.json")  # MLflow's table: columns and rows
+    ops = {row[0]: int(row[1]) for row in table["data"]}
+    assert table["columns"][:2] == ["op", "count"] and ops == anatomy["ops"]
+    return anatomy
 
 
 def phase_of(name: str) -> str:
@@ -223,6 +236,9 @@ def test_executorch_through_the_whole_path(inproc_runs):
     assert int(p["export.delegated_ops"]) > 0 and 0 < float(p["export.delegated_fraction"]) < 1
     assert p["export.delegate"] == "xnnpack" and p["runtime.xnnpack_threads"] == "1"
     assert pte.data.metrics["parity_steps"] == 8 and pte.data.tags["parity"] == "passed"
+    anatomy = check_anatomy(client, pte)  # delegated and portable ops, per partition
+    assert len(anatomy["partitions"]) == pte.data.metrics["anatomy_partitions"] == int(p["export.delegated_subgraphs"])
+    assert 0 < pte.data.metrics["anatomy_ops_outside_delegates"] < anatomy["nodes"]  # index_put stays portable
     skipped = kids["llama_decode_executorch_cuda"]
     assert skipped.info.status == "FINISHED"
     assert skipped.data.tags["status"] == "skipped" and "device=cuda" in skipped.data.tags["skip_reason"]

@@ -6,6 +6,7 @@ an ended run, ending a run twice, changing a param)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -91,6 +92,9 @@ class FakeTracker:
 
     def log_text(self, run_id, text, name):
         self._open(run_id).files[name] = text
+
+    def log_table(self, run_id, rows, name):
+        self._open(run_id).files[name] = rows
 
     def artifact(self, run_id, path, artifact_path=None):
         assert Path(path).is_file()
@@ -308,6 +312,21 @@ def test_an_export_logs_shapes_and_model_and_queues_the_benchmark(sweep, plan, t
     assert run.outcomes[A].status == Status.RUNNING and run.outcomes[A].shapes == {"input_ids": [2, 16]}
     kind, key, spec, request = sched.submitted[-1]
     assert (kind, key) == ("bench", f"{A}#0") and spec is plan.variant(A).bench and request is plan.variant(A).request
+
+
+def test_an_exports_anatomy_goes_to_its_variant_as_metrics_a_record_and_a_table(sweep, plan, tmp_path):
+    from tasks.anatomy import summary
+
+    run, tracker, _ = sweep
+    run.start()
+    result = export_ok(key_of(plan, A), tmp_path / "a")
+    result.anatomy = summary(Counter({"Transpose": 2, "MatMul": 3}), Counter(), [], 1024, 5)
+    run.on_export(key_of(plan, A), result)
+    child = tracker.by_name()[A]
+    assert child.metrics["anatomy_nodes"] == 5 and child.metrics["anatomy_transposes"] == 2
+    assert child.metrics["anatomy_constant_bytes"] == 1024 and child.metrics["anatomy_partitions"] == 0
+    assert child.files["anatomy.json"] == result.anatomy
+    assert child.files["anatomy_ops.json"] == [{"op": "MatMul", "count": 3}, {"op": "Transpose", "count": 2}]
 
 
 def test_a_model_larger_than_max_model_mb_is_named_not_copied(tmp_path):

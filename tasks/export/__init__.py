@@ -7,7 +7,10 @@ driver reads its facts) and provides:
   RESOURCES: dict              Ray resources one export asks for, e.g. {"num_cpus": 1}
   Options                      a dataclass of its typed options (backend.export_options);
                                __post_init__ checks values and raises ConfigError
-  export(graph, args, input_names, output_names, out_dir, options) -> (artifact name | None, details)
+  export(graph, args, input_names, output_names, out_dir, options, description)
+      -> (artifact name | None, details, anatomy | None)
+                               writes tasks.description's `description` into the file and
+                               returns its tasks.anatomy (None when there is no file)
 """
 
 from __future__ import annotations

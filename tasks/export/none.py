@@ -17,5 +17,5 @@ class Options:
     pass
 
 
-def export(graph, args, input_names, output_names, out_dir: Path, options: dict[str, Any]):
-    return None, {}
+def export(graph, args, input_names, output_names, out_dir: Path, options: dict[str, Any], description):
+    return None, {}, None  # no file to describe or take apart

@@ -37,7 +37,8 @@ def export(
     output_names: list[str],
     out_dir: Path,
     options: dict[str, Any],
-) -> tuple[str, dict[str, Any]]:
+    description: dict[str, Any],
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
     import torch
 
     from tasks.export._shapes import dynamic_shapes
@@ -62,5 +63,11 @@ def export(
         )
     import onnx
 
-    proto = onnx.load(str(path), load_external_data=False)
-    return path.name, {"onnx_nodes": len(proto.graph.node), "onnx_opset": proto.opset_import[0].version}
+    from tasks.anatomy import onnx_anatomy
+    from tasks.description import onnx_metadata
+
+    proto = onnx.load(str(path), load_external_data=False)  # the weights stay where they are
+    onnx.helper.set_model_props(proto, onnx_metadata(description))
+    onnx.save(proto, str(path))
+    details = {"onnx_nodes": len(proto.graph.node), "onnx_opset": proto.opset_import[0].version}
+    return path.name, details, onnx_anatomy(path)

@@ -9,6 +9,8 @@ provides:
   Options                      a dataclass of its typed options (backend.options);
                                __post_init__ checks values and raises ConfigError
   load(spec, meta, feeds) -> Session   (the protocol in _base.py)
+  PROFILER: str                (optional) the profiler its session's profile() uses:
+                               bench.profile=true needs one (tasks/profiles.py)
 """
 
 from __future__ import annotations
@@ -16,6 +18,14 @@ from __future__ import annotations
 from types import ModuleType
 
 from tasks.registry import load_module
+
+
+def profiled_runtimes() -> list[str]:
+    """The runtimes of this package that can profile (bench.profile=true)."""
+    import pkgutil
+
+    names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+    return sorted(n for n in names if hasattr(runtime_module(n), "PROFILER"))
 
 
 def runtime_module(name: str) -> ModuleType:

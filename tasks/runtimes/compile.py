@@ -21,6 +21,7 @@ LIBRARIES = ("torch", "transformers")
 MEMORY_FACTOR = 1.5
 # model dtypes it runs, by device: other combinations are skipped at plan time
 DTYPES = {"cpu": ("float32", "float16", "bfloat16"), "cuda": ("float32", "float16", "bfloat16")}
+PROFILER = "torch.profiler around the compiled module, after the timed loop in the same session"
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 

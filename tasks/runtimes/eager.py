@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,6 +20,7 @@ LIBRARIES = ("torch", "transformers")
 MEMORY_FACTOR = 1.5
 # model dtypes it runs, by device: other combinations are skipped at plan time
 DTYPES = {"cpu": ("float32", "float16", "bfloat16"), "cuda": ("float32", "float16", "bfloat16")}
+PROFILER = "torch.profiler, ops by self time, after the timed loop in the same session"
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,12 @@ class TorchSession:
         every timed call; outside it, it would run with autograd on (and a compiled module
         would recompile for the grad mode)."""
         return partial(self.module, *self._tensors(feeds))
+
+    def profile(self, feeds: dict[str, np.ndarray], calls: int, folder: Path) -> list[dict[str, Any]]:
+        """ATen ops by self time under torch.profiler; the harness calls it inside timed_region()."""
+        from tasks.profiles import torch_rows
+
+        return torch_rows(self.bind(feeds), self.sync, self.device.type == "cuda", calls)
 
     @contextmanager
     def timed_region(self) -> Iterator[None]:

@@ -18,6 +18,7 @@ LIBRARIES = ("executorch",)
 MEMORY_FACTOR = 1.5
 # model dtypes it runs, by device: other combinations are skipped at plan time
 DTYPES = {"cpu": ("float32", "float16", "bfloat16")}
+PROFILER = "ExecuTorch's ETDump, read with its Inspector, from a program loaded with it on"
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class PteSession:
             raise RuntimeError(f"device={spec.device}: the executorch backend runs on cpu only")
         if spec.bench.threads:
             portable_lib._unsafe_reset_threadpool(spec.bench.threads)  # XNNPACK's thread pool
+        self.path = path
         self.program = Runtime.get().load_program(path)
         self.method = self.program.load_method("forward")
         self.output_names = meta["output_names"]
@@ -70,6 +72,36 @@ class PteSession:
             out.append(logits_numpy(logits))
             past = [p.clone() for p in present]
         return out
+
+    def profile(self, feeds: dict[str, np.ndarray], calls: int, folder: Path) -> list[dict[str, Any]]:
+        """Kernels (portable) and XNNPACK operators, from an ETDump of a second load of the
+        program with event tracing on (the timed program never traces)."""
+        import warnings
+
+        from executorch.devtools import Inspector
+        from executorch.devtools.inspector import TimeScale
+        from executorch.runtime import Runtime
+
+        from tasks.profiles import WARMUP, executorch_rows
+
+        program = Runtime.get().load_program(self.path, enable_etdump=True, debug_buffer_size=0)
+        method = program.load_method("forward")
+        inputs = self._tensors(feeds)
+        for _ in range(WARMUP + calls):
+            method.execute(inputs)
+        etdump, debug = folder / "etdump.etdp", folder / "debug.bin"
+        program.write_etdump_result_to_file(str(etdump), str(debug))
+        with warnings.catch_warnings():  # no debug buffer was asked for: timings only
+            warnings.filterwarnings("ignore", message="Output Buffer not found")
+            inspector = Inspector(etdump_path=str(etdump), target_time_scale=TimeScale.US)
+        events = [
+            (event.name, list(event.perf_data.raw))
+            for block in inspector.event_blocks
+            if block.name == "Execute"
+            for event in block.events
+            if event.perf_data is not None
+        ]
+        return executorch_rows(events, WARMUP)
 
     def bind(self, feeds: dict[str, np.ndarray]):
         inputs = self._tensors(feeds)

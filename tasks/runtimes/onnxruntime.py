@@ -16,6 +16,7 @@ MEMORY_FACTOR = 1.5  # peak RSS 6.8 GB benchmarking the Llama-3.2-1B architectur
 DTYPES = {"cpu": ("float32", "float16"), "cuda": ("float32", "float16", "bfloat16")}
 DTYPE_NOTE = "ONNX Runtime's CPU provider has no bfloat16 kernels (e.g. Mul)"
 OPT_LEVELS = ("disable", "basic", "extended", "all")
+PROFILER = "ONNX Runtime's profiler (SessionOptions.enable_profiling), in a session of its own"
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,10 @@ class OrtSession:
         if spec.bench.threads:
             opts.intra_op_num_threads = spec.bench.threads
         opts.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+        self.metrics: dict[str, float] = {}
         self.device = "cuda" if spec.device == "cuda" else "cpu"
+        self.session = self._optimized_anatomy(path, opts, providers)
+        self._path, self._options, self._providers = path, opts, providers
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.info = {
             "ort_intra_op_threads": spec.bench.threads or 0,  # 0: ONNX Runtime's default (all cores)
@@ -61,8 +64,34 @@ class OrtSession:
             "ort_providers": ",".join(self.session.get_providers()),
             "ort_graph_optimization_level": options.graph_optimization_level,
         }
-        self.metrics: dict[str, float] = {}
         self._binding = None
+
+    def _optimized_anatomy(self, path: Path, opts: Any, providers: list[str]):
+        """The session, made once with ONNX Runtime writing the graph its optimiser produced
+        (at backend.options.graph_optimization_level) to a temporary file: its anatomy is
+        recorded as metrics ort_graph_nodes, ort_graph_transposes, ... beside the exported
+        file's anatomy_*, so a sweep over the level shows what the passes did. A model with
+        external weights is loaded as it is (the optimised copy would rewrite GBs)."""
+        import tempfile
+
+        import onnxruntime as ort
+
+        from tasks.anatomy import onnx_anatomy
+
+        external = any(path.parent.glob(path.name + ".*"))  # model.onnx.data: external weights
+        if external or self.device != "cpu":  # the CUDA EP's partitioned graph is not written out
+            return ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+        with tempfile.TemporaryDirectory(prefix="phasesweep-ort-") as folder:
+            opts.optimized_model_filepath = str(Path(folder) / "optimized.onnx")
+            opts.log_severity_level = 3  # not its warning that level "all" writes hardware-specific ops
+            try:
+                session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+            finally:
+                opts.optimized_model_filepath, opts.log_severity_level = "", 2
+            graph = onnx_anatomy(Path(folder) / "optimized.onnx")
+        for kind in ("nodes", "transposes", "copies", "casts"):
+            self.metrics[f"ort_graph_{kind}"] = float(graph[kind])
+        return session
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return self.session.run(self.output_names, feeds)
@@ -91,6 +120,26 @@ class OrtSession:
 
     def device_metrics(self) -> dict[str, float]:
         return {}
+
+    def profile(self, feeds: dict[str, np.ndarray], calls: int, folder: Path) -> list[dict[str, Any]]:
+        """The call's kernels by op type, from a second session with the same settings and
+        ONNX Runtime's profiler on (the timed session never profiles)."""
+        import json
+
+        import onnxruntime as ort
+
+        from tasks.profiles import WARMUP, onnxruntime_rows
+
+        opts = self._options
+        opts.enable_profiling, opts.profile_file_prefix = True, str(folder / "onnxruntime")
+        try:
+            profiled = ort.InferenceSession(str(self._path), sess_options=opts, providers=self._providers)
+        finally:
+            opts.enable_profiling = False
+        for _ in range(WARMUP + calls):
+            profiled.run(self.output_names, feeds)
+        trace = json.loads(Path(profiled.end_profiling()).read_text())
+        return onnxruntime_rows(trace, WARMUP)
 
     def run_steps(self, feeds: dict[str, np.ndarray], tokens: np.ndarray, start: int) -> list[np.ndarray]:
         """Consecutive decode steps, each fed the present cache of the step before as
