@@ -324,10 +324,11 @@ def _ok_runs(client: Any, parent_run_id: str, dst: Path) -> list[Any]:
     return list(runs) + _reused_runs(client, parent_run_id, dst)
 
 
-def sweep_anatomies(client: Any, parent_run_id: str, dst: Path) -> dict[str, dict]:
-    """{variant name: tasks.anatomy of its artifact} of one sweep's ok variants that have one."""
+def sweep_anatomies(client: Any, runs: list[Any], dst: Path) -> dict[str, dict]:
+    """{variant name: tasks.anatomy of its artifact} of one sweep's ok variant runs (_ok_runs)
+    that have one."""
     found: dict[str, dict] = {}
-    for run in _ok_runs(client, parent_run_id, dst):
+    for run in runs:
         name = run.info.run_name
         if name in found or "anatomy_nodes" not in run.data.metrics:  # eager, compile: no artifact
             continue
@@ -349,12 +350,11 @@ def anatomy_lines(changes: Mapping[str, list[str]]) -> list[str]:
 
 
 def sweep_samples(
-    client: Any, parent_run_id: str, dst: Path
+    client: Any, runs: list[Any], dst: Path
 ) -> tuple[dict[str, np.ndarray], list[str], dict[str, Conditions]]:
-    """{variant name: samples in ns, in the order timed} of one sweep's variants that ended ok
-    (its child runs and the earlier runs it reused), the names of those without a readable
-    samples artifact, and each variant's Conditions."""
-    runs = _ok_runs(client, parent_run_id, dst)
+    """{variant name: samples in ns, in the order timed} of one sweep's variant runs that ended
+    ok (_ok_runs: its child runs and the earlier runs it reused), the names of those without a
+    readable samples artifact, and each variant's Conditions."""
     samples: dict[str, np.ndarray] = {}
     missing = []
     conditions: dict[str, Conditions] = {}
@@ -407,10 +407,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if base_id == cand_id:
             raise UsageError(f"baseline and candidate are the same sweep ({base_id})")
         with tempfile.TemporaryDirectory(prefix="phasesweep-compare-") as tmp:
-            base, base_missing, base_cond = sweep_samples(client, base_id, Path(tmp))
-            cand, cand_missing, cand_cond = sweep_samples(client, cand_id, Path(tmp))
-            base_anatomy = sweep_anatomies(client, base_id, Path(tmp))
-            cand_anatomy = sweep_anatomies(client, cand_id, Path(tmp))
+            base_runs, cand_runs = (_ok_runs(client, run_id, Path(tmp)) for run_id in (base_id, cand_id))
+            base, base_missing, base_cond = sweep_samples(client, base_runs, Path(tmp))
+            cand, cand_missing, cand_cond = sweep_samples(client, cand_runs, Path(tmp))
+            base_anatomy = sweep_anatomies(client, base_runs, Path(tmp))
+            cand_anatomy = sweep_anatomies(client, cand_runs, Path(tmp))
     except UsageError as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2

@@ -41,8 +41,6 @@ KINDS: dict[str, frozenset[str]] = {
 }
 ARTIFACT = "anatomy.json"  # the whole record, on the variant's run
 TABLE = "anatomy_ops.json"  # rows(): the op histogram as an MLflow table
-# the headline counts logged as metrics (anatomy_<name>); the whole dict is an artifact
-HEADLINE = ("nodes", "transposes", "copies", "casts", "constant_bytes", "partitions", "ops_outside_delegates")
 
 
 def summary(ops: Counter, outside: Counter, partitions: list[dict], constant_bytes: int, artifact_bytes: int) -> dict:
@@ -61,9 +59,9 @@ def summary(ops: Counter, outside: Counter, partitions: list[dict], constant_byt
 
 def headline(anatomy: dict) -> dict[str, float]:
     """The counts logged as metrics: anatomy_nodes, anatomy_transposes, ..."""
-    values = {k: anatomy[k] for k in HEADLINE if k in anatomy and not isinstance(anatomy[k], (list, dict))}
-    values["partitions"] = len(anatomy.get("partitions", []))
-    values["ops_outside_delegates"] = sum(anatomy.get("outside_delegates", {}).values())
+    values = {k: anatomy[k] for k in ("nodes", *KINDS, "constant_bytes")}
+    values["partitions"] = len(anatomy["partitions"])
+    values["ops_outside_delegates"] = sum(anatomy["outside_delegates"].values())
     return {f"anatomy_{k}": float(v) for k, v in values.items()}
 
 

@@ -70,16 +70,13 @@ def onnx_metadata(description: dict[str, Any]) -> dict[str, str]:
 
 
 def from_onnx_metadata(props: dict[str, str]) -> dict[str, Any]:
-    """The description back from an ONNX file's metadata map (what onnx_metadata wrote)."""
-    out: dict[str, Any] = {}
-    for key, value in props.items():
-        if key.startswith("phasesweep."):
-            field = key.removeprefix("phasesweep.")
-            try:
-                out[field] = json.loads(value) if value[:1] in "{[" or value in ("null", "true", "false") else value
-            except json.JSONDecodeError:
-                out[field] = value
-    return out
+    """The description back from an ONNX file's metadata map (what onnx_metadata wrote: its
+    non-string fields are JSON objects)."""
+    return {
+        key.removeprefix("phasesweep."): json.loads(value) if value.startswith("{") else value
+        for key, value in props.items()
+        if key.startswith("phasesweep.")
+    }
 
 
 def executorch_methods(description: dict[str, Any]) -> dict[str, Any]:

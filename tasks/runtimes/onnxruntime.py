@@ -82,12 +82,13 @@ class OrtSession:
         if external or self.device != "cpu":  # the CUDA EP's partitioned graph is not written out
             return ort.InferenceSession(str(path), sess_options=opts, providers=providers)
         with tempfile.TemporaryDirectory(prefix="phasesweep-ort-") as folder:
+            severity = opts.log_severity_level
             opts.optimized_model_filepath = str(Path(folder) / "optimized.onnx")
             opts.log_severity_level = 3  # not its warning that level "all" writes hardware-specific ops
             try:
                 session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
             finally:
-                opts.optimized_model_filepath, opts.log_severity_level = "", 2
+                opts.optimized_model_filepath, opts.log_severity_level = "", severity
             graph = onnx_anatomy(Path(folder) / "optimized.onnx")
         for kind in ("nodes", "transposes", "copies", "casts"):
             self.metrics[f"ort_graph_{kind}"] = float(graph[kind])
@@ -130,12 +131,13 @@ class OrtSession:
 
         from tasks.profiles import WARMUP, onnxruntime_rows
 
-        opts = self._options
+        opts = self._options  # the timed session's settings: it was made with them already
+        before = opts.enable_profiling, opts.profile_file_prefix
         opts.enable_profiling, opts.profile_file_prefix = True, str(folder / "onnxruntime")
         try:
             profiled = ort.InferenceSession(str(self._path), sess_options=opts, providers=self._providers)
         finally:
-            opts.enable_profiling = False
+            opts.enable_profiling, opts.profile_file_prefix = before
         for _ in range(WARMUP + calls):
             profiled.run(self.output_names, feeds)
         trace = json.loads(Path(profiled.end_profiling()).read_text())
