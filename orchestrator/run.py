@@ -363,17 +363,18 @@ def run_sweep(
         dry_run_plan(points, configs, overrides, rules)
         return {}
     tracker = Tracker(points[0].tracking)
-    with Scheduler(points[0].cluster) as sched:
-        plan = make_plan(points, configs, overrides, sched.capacity, rules)
-        say_plan(plan)
-        if not plan.variants and not plan.skipped:
-            return {}
-        run = SweepRun(plan, out_dir, tracker, sched)
-        run.record_plan(command)
-        links = ui_lines(tracker.uri, getattr(tracker, "experiment_id", None), run.parent)
-        for line in links:
-            say(line)
-        try:
+    run: SweepRun | None = None
+    try:  # a signal or an error anywhere from here, Ray's shutdown and the summary included, closes every open run
+        with Scheduler(points[0].cluster) as sched:
+            plan = make_plan(points, configs, overrides, sched.capacity, rules)
+            say_plan(plan)
+            if not plan.variants and not plan.skipped:
+                return {}
+            run = SweepRun(plan, out_dir, tracker, sched)
+            run.record_plan(command)
+            links = ui_lines(tracker.uri, getattr(tracker, "experiment_id", None), run.parent)
+            for line in links:
+                say(line)
             with run.progress.showing() as progress:
                 run.start()
                 for kind, key, result in sched.results():
@@ -387,10 +388,11 @@ def run_sweep(
                         run.on_retry(key, result)
                     else:
                         (run.on_export if kind == "export" else run.on_bench)(key, result)
-        except BaseException as e:
+        text = run.finish(time.perf_counter() - t0)
+    except BaseException as e:
+        if run is not None:
             run.abort(f"{type(e).__name__}: {e}")
-            raise
-    text = run.finish(time.perf_counter() - t0)
+        raise
     say("\n" + text)
     say(f"\nBrowse the runs:  {ui_command(tracker.uri, getattr(tracker, 'experiment_id', None))}")
     for line in links:

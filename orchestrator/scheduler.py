@@ -139,6 +139,17 @@ def _watch_local_session(ray: Any) -> Any:
     return reaper.watch(node.get_session_dir_path(), pids)
 
 
+def _restore_handlers(handlers: dict[int, Any]) -> None:
+    """Install Python's handlers again, so the OS's actions match them (main thread only)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
 def _restore_sigterm(handler: Any) -> None:
     """ray.init replaces the driver's SIGTERM handler (with sys.exit(15), and a C++ handler
     that dumps a stack and aborts: exit 134); put the driver's back, so SIGTERM unwinds
@@ -224,12 +235,21 @@ class Scheduler:
         self.capacity = self._capacity()
 
     def stop(self) -> None:
+        import signal
+
         import ray
 
         try:
             if self.owned and ray.is_initialized():
-                ray.shutdown()
-                self.owned = False
+                # Ray's shutdown resets SIGTERM's action at the OS level to the default (die at
+                # once) while Python still lists the driver's handler (seen in /proc: SigCgt loses
+                # SIGTERM inside ray.shutdown): install the driver's handlers again after it
+                handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+                try:
+                    ray.shutdown()
+                    self.owned = False
+                finally:
+                    _restore_handlers(handlers)
         finally:
             if self.watchdog is not None:
                 self.watchdog.close()  # it ends what ray.shutdown left, if anything, and exits
