@@ -203,12 +203,15 @@ def _section(cfg: DictConfig, key: str) -> Any:
         merged = OmegaConf.merge(OmegaConf.structured(schema), cfg[key])
         obj = OmegaConf.to_object(merged)
     except ConfigKeyError as e:
-        allowed = ", ".join(f.name for f in fields(schema))
-        raise ConfigError(f"{key}.{e.key} is not a known key; allowed keys: {allowed}") from None
+        where = e.full_key or e.key  # a nested group's key in full: phase.capture.select
+        parent = OmegaConf.select(OmegaConf.structured(schema), where.rpartition(".")[0]) if "." in where else None
+        names = list(parent) if parent is not None else [f.name for f in fields(schema)]
+        raise ConfigError(f"{key}.{where} is not a known key; allowed keys: {', '.join(names)}") from None
     except OmegaConfBaseException as e:
-        value = OmegaConf.select(cfg, f"{key}.{e.key}", default=None) if e.key else None
+        where = e.full_key or e.key
+        value = OmegaConf.select(cfg, f"{key}.{where}", default=None) if where else None
         msg = str(e).splitlines()[0]
-        raise ConfigError(f"{key}.{e.key}={value!r}: {msg}") from None
+        raise ConfigError(f"{key}.{where}={value!r}: {msg}") from None
     assert is_dataclass(obj)
     return obj
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from orchestrator.capture import Captures
 from orchestrator.config import SweepPoint
 from orchestrator.grid import GridRules
 from orchestrator.placement import (
@@ -26,6 +27,7 @@ from orchestrator.placement import (
 )
 from orchestrator.variant import Variant
 from tasks.export import format_module
+from tasks.phases import label, naming_keys
 from tasks.runtimes import runtime_module
 from tasks.specs import BenchSpec, ExportSpec
 
@@ -44,6 +46,8 @@ DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 def suffix(key: str, value: Any) -> str:
+    if key == "phase.app":  # a captured variant beside synthetic ones or another application's
+        return "captured-" + str(value).partition(":")[0].rsplit(".", 1)[-1]
     if key == "model.dtype":
         return DTYPE_SHORT.get(value, str(value))
     if key == "model.checkpoint":
@@ -125,6 +129,7 @@ class Plan:
     skipped: tuple[Skipped, ...]
     exports: dict[str, ExportJob]  # export key -> the one job that fills it
     excluded: tuple[Excluded, ...] = ()  # by the grid's rules, in job order
+    captures: Captures | None = None  # phase=captured: what each application's capture kept
 
     def variant(self, name: str) -> PlannedVariant:
         return self._by_name[name]
@@ -151,6 +156,7 @@ def _name_variants(variants: list[Variant], overrides: list[list[str]]) -> list[
     # choosing a model/phase/backend/device option is already in the base name; other
     # group choices (bench=quick) make every key of that group eligible
     swept = _swept_keys(overrides) - {"model", "phase", "backend", "device"}
+    swept |= naming_keys({v.phase.name for v in variants})  # e.g. the shapes a captured application chose
 
     @cache
     def eligible(key: str) -> bool:
@@ -172,7 +178,7 @@ def _name_variants(variants: list[Variant], overrides: list[list[str]]) -> list[
 
 
 def _export_dir(cache: Path, v: Variant) -> str:
-    return os.path.join(cache, f"{v.model.name}_{v.phase.name}_{v.backend.export_format}-{v.export_key[:16]}")
+    return os.path.join(cache, f"{v.model.name}_{label(v.phase)}_{v.backend.export_format}-{v.export_key[:16]}")
 
 
 def unsupported(point: SweepPoint) -> str | None:
@@ -209,6 +215,7 @@ def make_plan(
     overrides: list[list[str]],
     capacity: Capacity,
     rules: GridRules | None = None,
+    captures: Captures | None = None,
 ) -> Plan:
     """The whole grid, resolved against the cluster's capacity: named variants with their
     benchmark specs and resources, skipped combinations with reasons, deduplicated export
@@ -225,26 +232,28 @@ def make_plan(
     threads_of: dict[tuple[int, str], tuple[Any, Any]] = {}  # (bench options, device) -> (them, resolved)
     reasons: dict[tuple[int, str, str], tuple[Any, str | None]] = {}  # (backend, device, dtype) -> why skipped
     for idx, point in enumerate(points):
-        v = Variant.from_point(point, tuple(overrides[idx]), memo)
-        key = (id(v.bench), v.device.name)
-        if key not in threads_of:  # bench.threads null: every core of a bench node
-            threads_of[key] = (
-                v.bench,
-                replace(v.bench, threads=bench_threads(capacity, v.device.name, v.bench.threads)),
-            )
-        resolved = memo.seed(replace(v, bench=threads_of[key][1]))
-        rule = rules.why_excluded(resolved.params) if rules.active else None
-        if rule:
-            excluded.append(Excluded((idx,), v.base_name, rule))
-            continue
-        why = (id(point.backend), point.device.name, point.model.dtype)  # all unsupported() reads
-        if why not in reasons:
-            reasons[why] = (point.backend, unsupported(point))
-        reason = reasons[why][1]
-        if reason:
-            unnamed.append((idx, v, resolved, reason))
-            continue
-        valid.append((idx, resolved))
+        base = Variant.from_point(point, tuple(overrides[idx]), memo)
+        kept = captures.phases(point) if captures else None
+        for v in (base,) if kept is None else [replace(base, phase=phase) for phase in kept]:
+            key = (id(v.bench), v.device.name)
+            if key not in threads_of:  # bench.threads null: every core of a bench node
+                threads_of[key] = (
+                    v.bench,
+                    replace(v.bench, threads=bench_threads(capacity, v.device.name, v.bench.threads)),
+                )
+            resolved = memo.seed(replace(v, bench=threads_of[key][1]))
+            rule = rules.why_excluded(resolved.params) if rules.active else None
+            if rule:
+                excluded.append(Excluded((idx,), v.base_name, rule))
+                continue
+            why = (id(point.backend), point.device.name, point.model.dtype)  # all unsupported() reads
+            if why not in reasons:
+                reasons[why] = (point.backend, unsupported(point))
+            reason = reasons[why][1]
+            if reason:
+                unnamed.append((idx, v, resolved, reason))
+                continue
+            valid.append((idx, resolved))
 
     unique: dict[tuple[str, ...], tuple[Variant, list[int]]] = {}
     for idx, v in valid:  # equal work is one variant, e.g. a decode-only axis swept over prefill
@@ -328,4 +337,4 @@ def make_plan(
         )
         request = export_request(capacity, fmt.RESOURCES, v.weight_bytes, fmt.MEMORY_FACTOR, cluster.max_retries)
         exports[v.export_key] = ExportJob(spec, request, tuple(users[v.export_key]))
-    return Plan(points[0], capacity, tuple(planned), tuple(skipped), exports, tuple(excluded))
+    return Plan(points[0], capacity, tuple(planned), tuple(skipped), exports, tuple(excluded), captures)

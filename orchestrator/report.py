@@ -135,7 +135,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         return "(no variants)"
     cols = list(rows[0])
     width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
-    right = {"median_ms", "p90_ms", "tokens_per_s"}
+    right = {"median_ms", "p90_ms", "tokens_per_s", "app_forward_ms", "app_inter_token_ms"}
 
     def line(r: dict[str, Any]) -> str:
         return "  ".join(str(r[c]).rjust(width[c]) if c in right else str(r[c]).ljust(width[c]) for c in cols).rstrip()
@@ -188,7 +188,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no variants)"
     cols = list(rows[0])
-    right = {"median_ms", "p90_ms", "tokens_per_s"}
+    right = {"median_ms", "p90_ms", "tokens_per_s", "app_forward_ms", "app_inter_token_ms"}
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---:" if c in right else "---" for c in cols) + "|"]
     lines += ["| " + " | ".join(_md_cell(r[c]) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.capture import Captures, wants_capture_phase
 from orchestrator.config import validate_all
 from orchestrator.grid import GridRules, grid_rules
 from orchestrator.outcome import Outcome, Status
@@ -29,6 +30,7 @@ from orchestrator.tracking import Tracker, existing_runs, resolve_uri, ui_comman
 from orchestrator.variant import Variant
 from tasks import anatomy
 from tasks.bench import pool_repeats
+from tasks.phases import label
 from tasks.specs import BenchResult, ExportResult, Failure
 
 HEARTBEAT_S = 30.0  # how often the sweep's run is told its driver is alive
@@ -51,7 +53,7 @@ def _config_yaml(cfg: DictConfig) -> str:
 
 
 def _axes(v: Variant) -> dict[str, str]:
-    return {"model": v.model.name, "phase": v.phase.name, "backend": v.backend.name, "device": v.device.name}
+    return {"model": v.model.name, "phase": label(v.phase), "backend": v.backend.name, "device": v.device.name}
 
 
 class SweepRun:
@@ -119,10 +121,15 @@ class SweepRun:
             run_id = self.tracker.start_variant(self.parent, s.name, tags, s.variant.params, _config_yaml(s.config))
             self.tracker.end(run_id, "FINISHED")
             self.outcomes[s.key] = Outcome(s.name, Status.SKIPPED, run_id, _axes(s.variant), error=s.reason)
+        if self.plan.captures:  # each application's own figures and the calls it made
+            self.plan.captures.record(self.tracker, self.parent, self.phases())
         if reused:
             self.tracker.log(self.parent, params={"reused": len(reused)})
             self.tracker.log_dict(self.parent, reused, "reused.json")
             say(f"  reused    {len(reused)} variant(s) already measured ok with the same bench key (tracking.resume)")
+
+    def phases(self) -> dict[str, Any]:
+        return {pv.name: pv.variant.phase for pv in self.plan.variants}
 
     def reuse(self, name: str, v: Variant, run: Any) -> None:
         o = Outcome(name, Status.OK, run.info.run_id, _axes(v), reused_from=run.info.run_id)
@@ -309,6 +316,14 @@ class SweepRun:
             metrics={f"variants_{k}": v for k, v in counts.items()} | {"sweep_seconds": seconds},
             tags={"status": Status.FAILED if failed else Status.OK},
         )
+        if self.plan.captures:  # the captured phases' benchmarks beside the application's own loop
+            beside = self.plan.captures.beside(self.outcomes, self.phases())
+            if beside:
+                self.tracker.log_dict(self.parent, beside, "captures/benchmark_vs_app.json")
+                text += (
+                    "\n\nCaptured phases: each benchmark's median beside the application's own loop at that call "
+                    "(its eager forward there; the time from one token to the next)\n" + table(beside)
+                )
         self.tracker.log_text(self.parent, text + "\n", "summary.txt")
         self.tracker.log_dict(self.parent, rows, "summary.json")
         # the plots (orchestrator.plots: the report draws the same from MLflow): latency.png
@@ -332,8 +347,14 @@ class SweepRun:
         return text
 
     def by_job(self) -> dict[int, Outcome]:
-        """Each Hydra job's outcome, by job index."""
-        out = {j: self.outcomes[pv.name] for pv in self.plan.variants for j in pv.jobs}
+        """Each Hydra job's outcome, by job index: of a job that stands for several variants
+        (phase=captured), a failed one if any failed, so the exit status tells."""
+        out: dict[int, Outcome] = {}
+        for pv in self.plan.variants:
+            o = self.outcomes[pv.name]
+            for j in pv.jobs:
+                if j not in out or (o.status == Status.FAILED and out[j].status != Status.FAILED):
+                    out[j] = o
         out.update({s.job: self.outcomes[s.key] for s in self.plan.skipped})
         return out
 
@@ -366,7 +387,11 @@ def run_sweep(
     run: SweepRun | None = None
     try:  # a signal or an error anywhere from here, Ray's shutdown and the summary included, closes every open run
         with Scheduler(points[0].cluster) as sched:
-            plan = make_plan(points, configs, overrides, sched.capacity, rules)
+            captures = Captures.of(points, sched.capacity)  # phase=captured: run each application first
+            if captures:
+                captures.run(sched)
+                captures.expand(points)
+            plan = make_plan(points, configs, overrides, sched.capacity, rules, captures or None)
             say_plan(plan)
             if not plan.variants and not plan.skipped:
                 return {}
@@ -432,6 +457,12 @@ def dry_run_plan(
     plan = make_plan(points, configs, overrides, capacity, rules)
     say_plan(plan)
     say(f"dry run: planned for {where}")
+    standing = sum(1 for pv in plan.variants if wants_capture_phase(pv.variant.phase))
+    if standing:
+        say(
+            f"dry run: {standing} variant(s) read 'captured': each stands for the calls its phase.app makes, up to "
+            "phase.capture.max_variants of each kind; a dry run does not run the application"
+        )
     tracking = plan.point.tracking
     existing = existing_runs(tracking)
     if existing:

@@ -63,6 +63,14 @@ def _bench_entry(spec, timeout_s):
     return bench_in_fresh_process(spec, timeout_s)
 
 
+def _capture_entry(spec, timeout_s):
+    from tasks.phases.captured import capture_in_fresh_process  # the application runs in the worker's child
+
+    return capture_in_fresh_process(spec, timeout_s)
+
+
+STAGES = {"export": "export", "bench": "benchmark", "capture": "capture"}  # task kind -> a Failure's stage
+
 # Ray errors after which a task is run again (up to cluster.max_retries): its process or
 # node went away; anything else (a cancelled task, an error in our own entry) is final
 RETRIABLE = ("WorkerCrashedError", "NodeDiedError", "OutOfMemoryError", "ActorDiedError")
@@ -173,8 +181,8 @@ def root_cause(e: BaseException) -> tuple[str, str]:
 
 @dataclass
 class _Task:
-    kind: str  # "export" | "bench"
-    key: str  # export key or variant name
+    kind: str  # "export" | "bench" | "capture"
+    key: str  # export key, variant name or capture key
     spec: Any
     request: Request
     ref: Any = None
@@ -232,6 +240,7 @@ class Scheduler:
             _restore_sigterm(sigterm)
         self._export = ray.remote(_export_entry)
         self._bench = ray.remote(max_calls=1)(_bench_entry)
+        self._capture = ray.remote(max_calls=1)(_capture_entry)
         self.capacity = self._capacity()
 
     def stop(self) -> None:
@@ -262,7 +271,8 @@ class Scheduler:
 
     # -- running ---------------------------------------------------------------------
     def submit(self, kind: str, key: str, spec: Any, request: Request) -> None:
-        """Queue an export (key: its export key) or a benchmark (key: the variant's name)."""
+        """Queue an export (key: its export key), a benchmark (key: the variant's name) or a
+        capture (key: its capture key)."""
         self.queue.append(_Task(kind, key, spec, request))
 
     def _in_use(self, pool: str) -> int:
@@ -286,7 +296,7 @@ class Scheduler:
         for task in exports + benches:
             if not self._fits(task):
                 continue
-            fn = self._export if task.kind == "export" else self._bench
+            fn = {"export": self._export, "bench": self._bench, "capture": self._capture}[task.kind]
             options = {**task.request.options, "max_retries": 0}  # retries are ours: counted and recorded
             task.ref = fn.options(**options).remote(task.spec, self.cluster.task_timeout_s)
             task.attempts += 1
@@ -306,7 +316,7 @@ class Scheduler:
             ready, _ = ray.wait(list(self.running), num_returns=1, timeout=1.0)
             for ref in ready:
                 task = self.running.pop(ref)
-                stage = "export" if task.kind == "export" else "benchmark"
+                stage = STAGES[task.kind]
                 try:
                     result = ray.get(ref)
                 except RayError as e:  # the worker died, ran out of memory, or was cancelled
@@ -324,7 +334,7 @@ class Scheduler:
                 if now - task.started > limit:
                     ray.cancel(ref, force=True)
                     del self.running[ref]
-                    stage = "export" if task.kind == "export" else "benchmark"
+                    stage = STAGES[task.kind]
                     msg = f"timed out: no result {limit:g}s after it was handed to Ray (cluster.task_timeout_s + start-up)"
                     yield task.kind, task.key, Failure(stage, msg)
             yield "tick", "", None

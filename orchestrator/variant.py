@@ -12,6 +12,7 @@ from typing import Any
 
 from orchestrator.config import BackendCfg, DeviceCfg, SweepPoint
 from tasks.export import format_module
+from tasks.phases import label
 from tasks.runtimes import runtime_module
 from tasks.specs import DTYPE_BYTES, BenchOptions, ModelSpec, PhaseSpec
 
@@ -174,7 +175,7 @@ class Variant:
 
     @property
     def base_name(self) -> str:
-        return f"{self.model.name}_{self.phase.name}_{self.backend.name}_{self.device.name}"
+        return f"{self.model.name}_{label(self.phase)}_{self.backend.name}_{self.device.name}"
 
     @cached_property
     def params(self) -> dict[str, Any]:

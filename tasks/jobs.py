@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.specs import BenchResult, BenchSpec, ExportResult, ExportSpec, Failure
+from tasks.specs import BenchResult, BenchSpec, CaptureResult, CaptureSpec, ExportResult, ExportSpec, Failure
 
 META = "meta.json"
 MANIFEST = "manifest.json"  # written last: sizes and checksums of every file of the entry
@@ -138,8 +138,8 @@ def export_job(spec: ExportSpec) -> ExportResult:
         dims = model_dims(model)
         phase.check(spec.phase, dims)
         data = phase.make_data(model, spec.phase, m.kv_cache, dims)
-        graph = phase.build_graph(model, m.family, m.kv_cache, m.attention)
-        input_names, output_names = phase.io_names(dims["layers"])
+        graph = phase.build_graph(model, spec.phase, m.family, m.kv_cache, m.attention)
+        input_names, output_names = phase.io_names(spec.phase, dims["layers"])
         description = describe(spec, dims, _signature(input_names, data.example_args()), _outputs(graph, data, output_names))
         t0 = time.perf_counter()
         artifact, details, anatomy = fmt.export(
@@ -304,9 +304,11 @@ def in_fresh_process(fn: Callable[[Any], Any], spec: Any, timeout_s: float | Non
         receive.close()
 
 
-def _failed(spec: Any, failure: Failure) -> ExportResult | BenchResult:
+def _failed(spec: Any, failure: Failure) -> ExportResult | BenchResult | CaptureResult:
     if isinstance(spec, ExportSpec):
         return ExportResult(key=spec.key, out_dir=spec.out_dir, ok=False, failure=failure)
+    if isinstance(spec, CaptureSpec):
+        return CaptureResult(key=spec.key, ok=False, failure=failure)
     return BenchResult(spec.variant, ok=False, failure=failure)
 
 
@@ -359,7 +361,7 @@ def bench_job(spec: BenchSpec) -> BenchResult:
 
         stage = "parity"
         atol = tolerance(spec.model.dtype, spec.bench.parity_atol)
-        par = phase.check_parity(session, feeds, parity_data, atol)
+        par = phase.check_parity(session, spec.phase, feeds, parity_data, atol)
         result.parity = par
         result.metrics.update(
             parity_max_abs_diff=par["max_abs_diff"],
@@ -399,6 +401,7 @@ def bench_job(spec: BenchSpec) -> BenchResult:
         peak = spec.peak_bandwidth_gbs or peak_bandwidth_gbs(result.env.get("gpu_name", ""))
         result.metrics.update(
             phase.extra_metrics(
+                phase=spec.phase,
                 model_dtype=spec.model.dtype,
                 details=meta["details"],
                 feeds=feeds,

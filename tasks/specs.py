@@ -62,15 +62,58 @@ class ModelSpec:
     attention: str = "sdpa"  # tasks/sdpa.py implementation
 
 
+@dataclass  # not frozen: OmegaConf cannot merge values into a frozen dataclass nested in a schema
+class CaptureOptions:
+    """phase=captured: which of the application's calls become variants (tasks/phases/_capture.py)."""
+
+    max_variants: int = 3  # per kind of call (prefill, decode)
+    select: str = "spread"  # "spread" | "first" | "longest": which distinct calls are kept
+    timed_runs: int = 3  # runs of the application timed after the capture run (TTFT, inter-token)
+
+
 @dataclass(frozen=True)
 class PhaseSpec:
-    name: str  # a module of tasks/phases/: "prefill" | "decode"
+    name: str  # a module of tasks/phases/: "prefill" | "decode" | "captured"
     batch: int
     prompt_len: int | None = None  # prefill: prompt tokens processed in one call
     context_len: int | None = None  # decode: positions already held by the KV cache
     cache_len: int | None = None  # decode: capacity of a fixed-size KV cache
     parity_steps: int = 8  # decode: consecutive steps checked against eager
     seed: int = 0  # seed of the generated token ids
+    # captured (tasks/phases/captured.py): the application and, once it ran, the call kept
+    app: str | None = None  # "package.module:function", called with the model phasesweep built
+    capture: CaptureOptions | None = field(default_factory=CaptureOptions)  # before the capture: which calls become variants
+    kind: str | None = None  # the kind of call kept: "prefill" | "decode" (its graph and parity)
+    call: int | None = None  # its index among the application's model calls
+    inputs: str | None = None  # the .npz of its recorded inputs, named by their content digest
+
+
+@dataclass(frozen=True)
+class CaptureSpec:
+    """Run an application on the model and record its calls (tasks/phases/_capture.py)."""
+
+    key: str  # content hash of the model, the application and the options
+    model: ModelSpec
+    app: str  # "package.module:function"
+    options: CaptureOptions
+    parity_steps: int  # decode steps of the application's own tokens kept for each decode call
+    store: str  # folder the kept calls' inputs are written to, one .npz per content digest
+    app_path: str = ""  # prepended to sys.path: the folder the user ran the sweep from
+    threads: int | None = None  # torch threads while the application runs (None: torch's default)
+
+
+@dataclass
+class CaptureResult:
+    key: str
+    ok: bool
+    calls: list[dict[str, Any]] = field(default_factory=list)  # every distinct signature, with its count
+    total_calls: int = 0  # forward calls the capture run saw
+    kept: list[PhaseSpec] = field(default_factory=list)  # the calls that become variants
+    timings: dict[str, float] = field(default_factory=dict)  # the application's own: TTFT, inter-token, ...
+    inter_token_ns: list[int] = field(default_factory=list)  # of every timed run, pooled
+    at_calls: dict[int, dict[str, float]] = field(default_factory=dict)  # kept call -> the app's own loop there
+    notes: list[str] = field(default_factory=list)  # calls no phasesweep graph represents, and why
+    failure: Failure | None = None
 
 
 @dataclass(frozen=True)

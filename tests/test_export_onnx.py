@@ -129,7 +129,7 @@ class DropsCache:
 def test_multi_step_parity_catches_a_dropped_cache(onnx_variant):
     session, feeds, parity = session_of(onnx_variant, "llama", "decode")
     past = {n: a for n, a in feeds.items() if n.startswith("past_")}
-    report = phase_module("decode").check_parity(DropsCache(session, past), feeds, parity, atol=1e-4)
+    report = phase_module("decode").check_parity(DropsCache(session, past), DECODE, feeds, parity, atol=1e-4)
     assert report["per_step_max_abs_diff"][0] < 1e-4  # the first step looks fine ...
     assert not report["passed"] and report["max_abs_diff"] > 1e-3  # ... the following ones do not
 

@@ -41,7 +41,7 @@ def test_prefill_inputs_and_reference(model):
     with torch.no_grad():
         expected = model(input_ids=torch.from_numpy(ids)).logits[:, -1:]
     np.testing.assert_allclose(data.parity["ref_logits"][0], expected.numpy(), atol=1e-6)
-    assert list(data.feeds) == phase_module("prefill").io_names(dims["layers"])[0]
+    assert list(data.feeds) == phase_module("prefill").io_names(PREFILL, dims["layers"])[0]
 
 
 @pytest.mark.parametrize("kv_cache,cache_len", [("static", 24 + decode.HEADROOM), ("dynamic", 24)])
@@ -49,7 +49,7 @@ def test_decode_inputs_static_and_dynamic(model, kv_cache, cache_len):
     dims = model_dims(model)
     data = make_data(model, DECODE, kv_cache)
     names = list(data.feeds)
-    assert names == decode.io_names(dims["layers"])[0]
+    assert names == decode.io_names(DECODE, dims["layers"])[0]
     assert names[:2] == ["input_ids", "cache_position"]
     assert len(names) == 2 + 2 * dims["layers"]
     assert data.feeds["input_ids"].shape == (2, 1)
@@ -116,7 +116,7 @@ def test_normalize_drops_what_a_phase_does_not_use():
 
 
 def test_unknown_phase_names_the_choices():
-    with pytest.raises(ConfigError, match="phase.name='verify' is not allowed; choose one of: decode, prefill"):
+    with pytest.raises(ConfigError, match="phase.name='verify' is not allowed; choose one of: captured, decode, prefill"):
         phase_module("verify")
 
 

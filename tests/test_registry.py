@@ -18,7 +18,7 @@ from tasks.export import format_module
 from tasks.phases import phase_module, phase_names
 from tasks.registry import available
 from tasks.runtimes import runtime_module
-from tasks.specs import DEVICES, DTYPE_BYTES
+from tasks.specs import DEVICES, DTYPE_BYTES, PhaseSpec
 from tests.conftest import CONF, ROOT, SHAPE_OVERRIDES
 
 FORMATS = available("tasks.export")
@@ -41,7 +41,7 @@ def backend_yamls() -> dict[str, dict]:
 
 def test_phases_are_the_yamls_of_conf_phase():
     yamls = {p.stem for p in (CONF / "phase").glob("*.yaml")}
-    assert set(phase_names()) == yamls == {"prefill", "decode"}
+    assert set(phase_names()) == yamls == {"prefill", "decode", "captured"}
     for name in phase_names():
         assert yaml.safe_load((CONF / "phase" / f"{name}.yaml").read_text())["name"] == name
 
@@ -51,8 +51,10 @@ def test_every_phase_module_follows_the_protocol(name):
     module = phase_module(name)
     missing = [f for f in PHASE_PROTOCOL if not callable(getattr(module, f, None))]
     assert not missing, f"tasks/phases/{name}.py lacks {missing}"
-    inputs, outputs = module.io_names(2)
-    assert inputs and outputs[0] == "logits" and len(set(inputs + outputs)) == len(inputs) + len(outputs)
+    kinds = ("prefill", "decode") if name == "captured" else (None,)  # a captured call has its kind's graph
+    for kind in kinds:
+        inputs, outputs = module.io_names(PhaseSpec(name, 1, kind=kind), 2)
+        assert inputs and outputs[0] == "logits" and len(set(inputs + outputs)) == len(inputs) + len(outputs)
 
 
 def test_registries_are_not_empty_and_hide_private_modules():

@@ -620,3 +620,55 @@ def test_failed_variants_end_the_process_with_their_names(monkeypatch, tmp_path)
         run_or_exit(configs, overrides, tmp_path / "out", "cmd")
     assert exit_.value.code == f"phasesweep: 1 variant(s) failed: {B}"
     assert tracker.by_name()[B].status == "FAILED" and tracker.parent().status == "FAILED"
+
+
+def test_a_captured_job_stands_for_its_kept_calls_and_its_failure_tells(tmp_path):
+    """A phase=captured job planned from a capture's result (the capture itself: test_capture.py):
+    one variant per kept call, the application's figures on the sweep's run, its variants
+    beside the application's loop at the end, and a failure of any of them is the job's."""
+    from orchestrator.capture import Captures
+    from orchestrator.config import validate_all
+    from orchestrator.plan import make_plan
+    from tasks.specs import CaptureResult, PhaseSpec
+
+    app = "examples.generate_app:run"
+    configs, overrides = compose_jobs(["phase=captured", f"phase.app={app}"], shrink=False)
+    points = validate_all(configs, overrides)
+    captures = Captures.of(points, capacity())
+    (key,) = captures.specs
+    kept = [
+        PhaseSpec("captured", 1, prompt_len=128, parity_steps=1, app=app, kind="prefill", call=0, inputs="p.npz"),
+        PhaseSpec("captured", 1, context_len=128, app=app, kind="decode", call=1, inputs="d1.npz"),
+        PhaseSpec("captured", 1, context_len=426, app=app, kind="decode", call=299, inputs="d2.npz"),
+    ]
+    captures.results[key] = CaptureResult(
+        key, True, total_calls=300, kept=kept, timings={"app_ttft_ms": 5.0, "app_inter_token_ms_median": 2.0},
+        inter_token_ns=[2_000_000] * 3, at_calls={0: {"app_forward_ms": 3.0}, 1: {"app_forward_ms": 1.5, "app_inter_token_ms": 2.0}},
+    )
+    captures.expand(points)
+    plan = make_plan(points, configs, overrides, capacity(), captures=captures)
+    names = [pv.name for pv in plan.variants]
+    assert names == ["llama_prefill_onnxruntime_cpu", "llama_decode_onnxruntime_cpu_ctx128", "llama_decode_onnxruntime_cpu_ctx426"]
+    assert [pv.jobs for pv in plan.variants] == [(0,), (0,), (0,)] and len(plan.exports) == 3
+    assert plan.variant(names[2]).variant.phase.cache_len == 434  # normalised as decode: context + 8
+
+    tracker = FakeTracker()
+    run = SweepRun(plan, tmp_path, tracker, FakeScheduler())
+    run.record_plan("cmd")
+    parent = tracker.parent()
+    assert parent.metrics["llama.app_ttft_ms"] == 5.0 and parent.params["capture.llama.kept"] == "3"
+    assert parent.files["captures/llama.json"]["variants"] == sorted(names)
+    assert parent.files["captures/llama_inter_token_ns.json"]["samples"] == [2_000_000] * 3
+    run.start()
+    for name in names:
+        k = plan.variant(name).export_key
+        run.on_export(k, export_ok(k, tmp_path / name))
+    run.on_bench(f"{names[0]}#0", bench_ok(names[0]))
+    run.on_bench(f"{names[1]}#0", parity_failed(names[1]))
+    run.on_bench(f"{names[2]}#0", bench_ok(names[2]))
+    text = run.finish(1.0)
+    assert run.by_job()[0].name == names[1]  # the job failed: one of its variants did
+    beside = {r["variant"]: r for r in parent.files["captures/benchmark_vs_app.json"]}
+    assert set(beside) == {names[0], names[2]}  # measured ones only
+    assert beside[names[0]]["app_forward_ms"] == "3.000" and beside[names[2]]["app_forward_ms"] == "-"
+    assert "beside the application's own loop" in text

@@ -8,11 +8,14 @@ without torch (the driver calls its torch-free half) and provides:
   check(phase, dims) -> None                  every check the config and the model's
                                               dimensions decide (raises ConfigError)
   tokens_per_call(phase) -> int               tokens per sequence one timed call processes
-  io_names(layers) -> (inputs, outputs)       graph input/output names, in call order
-  make_data(model, phase, kv_cache) -> PhaseData   inputs and eager reference (torch)
-  build_graph(model, family, kv_cache, attention) -> nn.Module   the graph to export (torch)
-  check_parity(session, feeds, parity, atol) -> dict   exported vs reference
-  extra_metrics(ctx) -> dict                  phase-specific metrics after timing
+  io_names(phase, layers) -> (inputs, outputs)   graph input/output names, in call order
+  make_data(model, phase, kv_cache, dims) -> PhaseData   inputs and eager reference (torch)
+  build_graph(model, phase, family, kv_cache, attention) -> nn.Module   the graph to export (torch)
+  check_parity(session, phase, feeds, parity, atol) -> dict   exported vs reference
+  extra_metrics(phase=..., **timing) -> dict   phase-specific metrics after timing
+
+and may declare NAMING_KEYS: params that set its variants apart in their names even when
+no one swept them (captured: the shapes the application chose).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import pkgutil
 from functools import cache
 from types import ModuleType
 
-from tasks.specs import ConfigError
+from tasks.specs import ConfigError, PhaseSpec
 
 
 @cache
@@ -35,3 +38,14 @@ def phase_module(name: str) -> ModuleType:
     if name not in phase_names():
         raise ConfigError(f"phase.name={name!r} is not allowed; choose one of: {', '.join(phase_names())}")
     return importlib.import_module(f"{__name__}.{name}")
+
+
+def label(phase: PhaseSpec) -> str:
+    """The phase as variant names and the runs' `phase` tag read it: a captured call reads as
+    the kind of call it is (llama_decode_...), every other phase as its name."""
+    return phase.kind or phase.name
+
+
+def naming_keys(names: set[str]) -> set[str]:
+    """The NAMING_KEYS of these phases."""
+    return {key for name in names for key in getattr(phase_module(name), "NAMING_KEYS", ())}

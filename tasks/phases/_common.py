@@ -13,6 +13,8 @@ from tasks.specs import ConfigError
 if TYPE_CHECKING:
     import torch
 
+    from tasks.specs import PhaseSpec
+
 
 @dataclass
 class PhaseData:
@@ -50,3 +52,12 @@ def check_span(key: str, span: int, dims: dict[str, int]) -> None:
     if span > limit:
         raise ConfigError(f"{key}={span} exceeds the model's max_position_embeddings={limit}")
 
+
+
+def synthetic_only(phase: PhaseSpec) -> None:
+    """phase.app belongs to phase=captured: a synthetic phase refuses it rather than ignore it."""
+    if phase.app is not None:
+        raise ConfigError(
+            f"phase.app={phase.app!r} is for phase=captured; phase={phase.name} generates its own inputs "
+            "(choose phase=captured to run the application)"
+        )

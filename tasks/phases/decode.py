@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tasks.phases._common import PhaseData, check_span, tokens
+from tasks.phases._common import PhaseData, check_span, synthetic_only, tokens
 from tasks.specs import DTYPE_BYTES, PAST, PRESENT, ConfigError, PhaseSpec, at_least, kv_names
 
 if TYPE_CHECKING:
@@ -33,10 +33,11 @@ def capacity(phase: PhaseSpec) -> int:
 def normalize(phase: PhaseSpec, kv_cache: str) -> PhaseSpec:
     """Decode uses batch, context, cache and steps; a dynamic cache has no fixed capacity."""
     cache_len = capacity(phase) if kv_cache == "static" and phase.context_len else None
-    return replace(phase, prompt_len=None, cache_len=cache_len)
+    return replace(phase, prompt_len=None, cache_len=cache_len, capture=None)
 
 
 def check(phase: PhaseSpec, dims: dict[str, int] | None = None) -> None:
+    synthetic_only(phase)
     at_least("phase.batch", phase.batch, 1)
     at_least("phase.context_len", phase.context_len, 1)
     at_least("phase.parity_steps", phase.parity_steps, 1)
@@ -58,7 +59,7 @@ def tokens_per_call(phase: PhaseSpec) -> int:
     return 1
 
 
-def io_names(layers: int) -> tuple[list[str], list[str]]:
+def io_names(phase: PhaseSpec, layers: int) -> tuple[list[str], list[str]]:
     return ["input_ids", "cache_position", *kv_names(PAST, layers)], ["logits", *kv_names(PRESENT, layers)]
 
 
@@ -68,15 +69,28 @@ def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dic
     reference logits of parity_steps consecutive steps decoding seeded tokens."""
     import torch
 
-    from tasks.kv_cache import make_kv_cache
-    from tasks.tensors import dtype_name, to_numpy
-
     gen = torch.Generator().manual_seed(phase.seed)
     b = phase.batch
     ctx = tokens(gen, dims["vocab"], (b, phase.context_len))  # [B, C]
     steps = tokens(gen, dims["vocab"], (b, phase.parity_steps))  # [B, N]
     with torch.inference_mode():
         cache = model(input_ids=ctx, use_cache=True).cache  # reference DynamicCache holding C positions
+    return data_from_cache(model, phase, kv_cache, dims, cache, steps)
+
+
+def data_from_cache(
+    model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dict[str, int], cache: Any, steps: torch.Tensor
+) -> PhaseData:
+    """A decode call's data from a transformers cache holding context_len positions and the
+    tokens of parity_steps steps [B, N]: the cache laid out by `kv_cache` ([B, H_kv, S, D]),
+    the first step's token, and the reference logits of every step, each decoded by the
+    reference model on the cache the step before left."""
+    import torch
+
+    from tasks.kv_cache import make_kv_cache
+    from tasks.tensors import dtype_name, to_numpy
+
+    with torch.inference_mode():
         layout = make_kv_cache(kv_cache)
         past: dict[str, np.ndarray] = {}
         dtypes: dict[str, str] = {}
@@ -96,11 +110,11 @@ def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dic
         for t in range(phase.parity_steps):  # the reference decodes the same tokens, step by step
             out = model(input_ids=steps[:, t : t + 1], cache=cache, use_cache=True)
             refs.append(out.logits[:, -1:].float())  # [B, 1, V]
-    assert list(feeds) == io_names(dims["layers"])[0]
+    assert list(feeds) == io_names(phase, dims["layers"])[0]
     return PhaseData(feeds, {"step_tokens": steps.numpy(), "ref_logits": torch.stack(refs).numpy()}, dims, dtypes)
 
 
-def build_graph(model: torch.nn.Module, family: str, kv_cache: str, attention: str) -> torch.nn.Module:
+def build_graph(model: torch.nn.Module, phase: PhaseSpec, family: str, kv_cache: str, attention: str) -> torch.nn.Module:
     from tasks.graphs import DecodeGraph, swap_attention
 
     swap_attention(model, family, kv_cache, attention)
@@ -109,7 +123,7 @@ def build_graph(model: torch.nn.Module, family: str, kv_cache: str, attention: s
     return graph.eval()
 
 
-def check_parity(session: Any, feeds: dict, parity: dict, atol: float) -> dict[str, Any]:
+def check_parity(session: Any, phase: PhaseSpec, feeds: dict, parity: dict, atol: float) -> dict[str, Any]:
     """parity_steps consecutive steps, each fed the cache the backend returned the step
     before (on the device where the session offers run_steps), every step compared."""
     from tasks.parity import compare, host_steps, summary
@@ -123,7 +137,13 @@ def check_parity(session: Any, feeds: dict, parity: dict, atol: float) -> dict[s
 
 
 def extra_metrics(
-    *, model_dtype: str, details: dict[str, Any], feeds: dict[str, np.ndarray], median_ms: float, peak_gbs: float | None
+    *,
+    model_dtype: str,
+    details: dict[str, Any],
+    feeds: dict[str, np.ndarray],
+    median_ms: float,
+    peak_gbs: float | None,
+    phase: PhaseSpec | None = None,
 ) -> dict[str, float]:
     """Bytes one decode step moves, per second of median latency (and its fraction of the
     device's peak, if known). Counted as the graph is exported:

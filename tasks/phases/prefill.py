@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tasks.phases._common import PhaseData, check_span, tokens
+from tasks.phases._common import PhaseData, check_span, synthetic_only, tokens
 from tasks.specs import PRESENT, PhaseSpec, at_least, kv_names
 
 if TYPE_CHECKING:
@@ -19,10 +19,11 @@ if TYPE_CHECKING:
 
 def normalize(phase: PhaseSpec, kv_cache: str) -> PhaseSpec:
     """Prefill uses batch and prompt_len; the cache and step fields are decode's."""
-    return replace(phase, context_len=None, cache_len=None, parity_steps=1)
+    return replace(phase, context_len=None, cache_len=None, parity_steps=1, capture=None)
 
 
 def check(phase: PhaseSpec, dims: dict[str, int] | None = None) -> None:
+    synthetic_only(phase)
     at_least("phase.batch", phase.batch, 1)
     at_least("phase.prompt_len", phase.prompt_len, 1)
     if dims:
@@ -33,7 +34,7 @@ def tokens_per_call(phase: PhaseSpec) -> int:
     return phase.prompt_len
 
 
-def io_names(layers: int) -> tuple[list[str], list[str]]:
+def io_names(phase: PhaseSpec, layers: int) -> tuple[list[str], list[str]]:
     return ["input_ids"], ["logits", *kv_names(PRESENT, layers)]
 
 
@@ -43,7 +44,14 @@ def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dic
     import torch
 
     gen = torch.Generator().manual_seed(phase.seed)
-    ids = tokens(gen, dims["vocab"], (phase.batch, phase.prompt_len))  # [B, P]
+    return data_from_prompt(model, tokens(gen, dims["vocab"], (phase.batch, phase.prompt_len)), dims)
+
+
+def data_from_prompt(model: torch.nn.Module, ids: torch.Tensor, dims: dict[str, int]) -> PhaseData:
+    """A prefill call's data from its prompt [B, P]: the reference's last-position logits and
+    the cache it fills."""
+    import torch
+
     with torch.inference_mode():
         out = model(input_ids=ids, use_cache=True)
     ref = {"ref_logits": out.logits[:, -1:][None].float().numpy()}  # [1, B, 1, V]
@@ -54,7 +62,7 @@ def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dic
     return PhaseData({"input_ids": ids.numpy()}, ref, dims)
 
 
-def build_graph(model: torch.nn.Module, family: str, kv_cache: str, attention: str) -> torch.nn.Module:
+def build_graph(model: torch.nn.Module, phase: PhaseSpec, family: str, kv_cache: str, attention: str) -> torch.nn.Module:
     from tasks.graphs import PrefillGraph, swap_attention
 
     swap_attention(model, family, kv_cache, attention)
@@ -63,7 +71,7 @@ def build_graph(model: torch.nn.Module, family: str, kv_cache: str, attention: s
     return graph.eval()
 
 
-def check_parity(session: Any, feeds: dict, parity: dict, atol: float) -> dict[str, Any]:
+def check_parity(session: Any, phase: PhaseSpec, feeds: dict, parity: dict, atol: float) -> dict[str, Any]:
     """One call: its logits against the reference's, and every returned present.* cache
     against the cache the reference filled (a graph that returns a wrong cache would
     otherwise pass prefill and hand decode garbage)."""

@@ -151,7 +151,7 @@ def build_module(spec: BenchSpec) -> torch.nn.Module:
 
     model = build_model(spec.model)
     m = spec.model
-    return phase_module(spec.phase.name).build_graph(model, m.family, m.kv_cache, m.attention)
+    return phase_module(spec.phase.name).build_graph(model, spec.phase, m.family, m.kv_cache, m.attention)
 
 
 def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> TorchSession:

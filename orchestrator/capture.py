@@ -1,0 +1,202 @@
+"""phase=captured in the driver: run each distinct capture before the plan is made, hand the
+planner the phases each one kept, and record the application's own figures on the sweep's run.
+
+A capture needs the model and the application (torch, the user's code), so it runs on a
+worker in a process of its own (tasks/phases/_capture.py). It asks for a CPU bench node whole, as a
+CPU benchmark does, so the application's timings share their cores with nothing of this
+sweep. It runs after Ray starts and before any MLflow run exists: an application that
+raises, never calls the model, or calls it in ways no phasesweep graph represents ends the
+sweep with one line naming it, before any export.
+
+A point is captured when its phase names an application (phase.app: only phase=captured
+accepts one); one capture serves every point of the same model weights, application and
+capture options, whatever their backend, device, cache layout or attention.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import SweepPoint
+from orchestrator.placement import Capacity, Request, bench_request, bench_threads
+from orchestrator.report import say
+from orchestrator.variant import Variant
+from tasks.families import model_dims
+from tasks.phases import phase_module
+from tasks.phases.captured import describe, summary
+from tasks.specs import CaptureOptions, CaptureResult, CaptureSpec, ConfigError, PhaseSpec
+
+STORE = "captured_inputs"  # the export cache's folder of recorded inputs, one .npz per content digest
+MEMORY_FACTOR = 3.0  # the model, the application's own tensors, the caches the capture copies
+
+
+def wants_capture_phase(phase: PhaseSpec) -> bool:
+    """A phase that names an application not yet captured."""
+    return phase.app is not None and phase.kind is None
+
+
+def wants_capture(point: SweepPoint) -> bool:
+    return wants_capture_phase(point.phase)
+
+
+def _key(model: Any, phase: PhaseSpec) -> str:
+    weights = {k: v for k, v in asdict(model).items() if k not in ("name", "kv_cache", "attention")}
+    what = {"model": weights, "app": phase.app, "capture": asdict(phase.capture or CaptureOptions()), "steps": phase.parity_steps}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Captures:
+    """The sweep's captures: what each asks for, and once run, what each kept."""
+
+    specs: dict[str, CaptureSpec] = field(default_factory=dict)  # capture key -> spec
+    labels: dict[str, str] = field(default_factory=dict)  # capture key -> how the sweep's run names it
+    of_point: dict[tuple[int, int], str] = field(default_factory=dict)  # (id(model cfg), id(phase)) -> key
+    requests: dict[str, Request] = field(default_factory=dict)
+    results: dict[str, CaptureResult] = field(default_factory=dict)
+    kept: dict[tuple[str, str], tuple[PhaseSpec, ...]] = field(default_factory=dict)  # (key, kv_cache) -> phases
+
+    @classmethod
+    def of(cls, points: list[SweepPoint], capacity: Capacity) -> Captures:
+        """One capture per distinct model weights x application x capture options."""
+        out = cls()
+        apps = {p.phase.app for p in points if wants_capture(p)}
+        for point in points:
+            pair = (id(point.model), id(point.phase))
+            if not wants_capture(point) or pair in out.of_point:
+                continue
+            v = Variant.from_point(point)
+            key = _key(v.model, point.phase)
+            out.of_point[pair] = key
+            if key in out.specs:
+                continue
+            cluster = point.cluster
+            threads = bench_threads(capacity, "cpu", None)
+            out.specs[key] = CaptureSpec(
+                key=key,
+                model=v.model,
+                app=point.phase.app,
+                options=point.phase.capture or CaptureOptions(),
+                parity_steps=point.phase.parity_steps,
+                store=str(Path(cluster.export_cache).expanduser().resolve() / STORE),
+                app_path=os.getcwd(),
+                threads=threads,
+            )
+            label = v.model.name if len(apps) == 1 else f"{v.model.name}_{point.phase.app.rpartition(':')[2]}"
+            if label in out.labels.values():  # the same model and application, other options
+                label = f"{label}_{key[:6]}"
+            out.labels[key] = label
+            out.requests[key] = bench_request(capacity, "cpu", threads, {}, v.weight_bytes, MEMORY_FACTOR, cluster.max_retries)
+        return out
+
+    def __bool__(self) -> bool:
+        return bool(self.specs)
+
+    def run(self, sched: Any) -> None:
+        """Every capture, on the cluster; raises ConfigError naming each one that failed."""
+        for key, spec in self.specs.items():
+            say(f"  capturing {spec.app} on {self.labels[key]} ...")
+            sched.submit("capture", key, spec, self.requests[key])
+        failures = []
+        for kind, key, result in sched.results():
+            if kind == "retry":
+                say(f"  retry     capture of {self.labels[key.partition(':')[2]]}: {result}")
+            elif kind == "capture":
+                if getattr(result, "ok", False):
+                    self.results[key] = result
+                    self.say(key)
+                else:  # the application's failure, or its process's (a Failure from the scheduler)
+                    error = getattr(result, "failure", result).error
+                    app = self.specs[key].app
+                    failures.append(error if error.startswith("phase.app=") else f"phase.app={app!r} on {self.labels[key]}: {error}")
+        if failures:
+            raise ConfigError("the capture failed, nothing was exported or recorded:\n  " + "\n  ".join(failures))
+
+    def say(self, key: str) -> None:
+        r = self.results[key]
+        say(f"  captured  {self.labels[key]}: {describe(r)}")
+        for note in r.notes:
+            say(f"            not a phase: {note}")
+        t = r.timings
+        if "app_ttft_ms" in t:
+            itl = (
+                f", inter-token {t['app_inter_token_ms_median']:.2f} ms median (p90 {t['app_inter_token_ms_p90']:.2f})"
+                if "app_inter_token_ms_median" in t
+                else ""
+            )
+            say(
+                f"            the application alone ({t['app_runs']:.0f} timed runs): TTFT {t['app_ttft_ms']:.2f} ms"
+                f"{itl}, {t['app_outside_forward_share']:.0%} of its loop outside the model's forward"
+            )
+
+    def expand(self, points: list[SweepPoint]) -> None:
+        """The kept phases of each captured point, normalised for its cache layout and checked
+        against its model's dimensions (a ConfigError now, before any run exists)."""
+        for point in points:
+            if not wants_capture(point):
+                continue
+            module = phase_module(point.phase.name)
+            key = self.of_point[(id(point.model), id(point.phase))]
+            slot = (key, point.model.kv_cache)
+            if slot in self.kept:
+                continue
+            dims = model_dims(point.model.family, point.arch)
+            phases = []
+            for p in self.results[key].kept:
+                p = module.normalize(p, point.model.kv_cache)
+                module.check(p, dims)
+                phases.append(p)
+            self.kept[slot] = tuple(phases)
+
+    def phases(self, point: SweepPoint) -> tuple[PhaseSpec, ...] | None:
+        """The phases a captured point stands for (after expand()); None for any other point."""
+        key = self.of_point.get((id(point.model), id(point.phase)))
+        return None if key is None else self.kept[(key, point.model.kv_cache)]
+
+    # -- the sweep's run ----------------------------------------------------------------------
+    def record(self, tracker: Any, parent: str, variants: dict[str, Any]) -> None:
+        """Each capture on the sweep's run: the application's timings as metrics
+        `{label}.app_*`, the calls seen and kept (captures/{label}.json), the inter-token
+        samples; `variants`: variant name -> its phase, to name the kept calls' variants."""
+        for key, r in self.results.items():
+            label = self.labels[key]
+            names = sorted(n for n, ph in variants.items() if ph.app == r.kept[0].app and ph.inputs in {p.inputs for p in r.kept})
+            record = {"app": self.specs[key].app, "model": self.specs[key].model.name, **summary(r), "variants": names}
+            tracker.log(
+                parent,
+                metrics={f"{label}.{k}": v for k, v in r.timings.items()},
+                params={f"capture.{label}.app": self.specs[key].app, f"capture.{label}.calls": r.total_calls,
+                        f"capture.{label}.distinct": len(r.calls), f"capture.{label}.kept": len(r.kept)},
+            )
+            tracker.log_dict(parent, record, f"captures/{label}.json")
+            if r.inter_token_ns:
+                samples = {"unit": "ns", "what": "start of one decode forward to the next, every timed run", "samples": r.inter_token_ns}
+                tracker.log_dict(parent, samples, f"captures/{label}_inter_token_ns.json", indent=None)
+
+    def beside(self, outcomes: dict[str, Any], variants: dict[str, PhaseSpec]) -> list[dict[str, Any]]:
+        """Each measured captured variant beside the application's own loop at that call
+        (tasks/phases/_capture.py NEAR): its eager forward there and, for a decode call, the
+        time from one token to the next."""
+        rows = []
+        for key, r in self.results.items():
+            inputs = {p.inputs for p in r.kept}
+            for name, ph in sorted(variants.items()):
+                o = outcomes.get(name)
+                if ph.inputs not in inputs or o is None or "latency_ms_median" not in o.metrics:
+                    continue
+                loop = r.at_calls.get(ph.call, {})
+                rows.append(
+                    {
+                        "variant": name,
+                        **({"capture": self.labels[key]} if len(self.results) > 1 else {}),
+                        "call": ph.call,
+                        "median_ms": f"{o.metrics['latency_ms_median']:.3f}",
+                        **{k: f"{loop[k]:.3f}" if k in loop else "-" for k in ("app_forward_ms", "app_inter_token_ms")},
+                    }
+                )
+        return rows
