@@ -35,13 +35,9 @@ STORE = "captured_inputs"  # the export cache's folder of recorded inputs, one .
 MEMORY_FACTOR = 3.0  # the model, the application's own tensors, the caches the capture copies
 
 
-def wants_capture_phase(phase: PhaseSpec) -> bool:
+def wants_capture(phase: PhaseSpec) -> bool:
     """A phase that names an application not yet captured."""
     return phase.app is not None and phase.kind is None
-
-
-def wants_capture(point: SweepPoint) -> bool:
-    return wants_capture_phase(point.phase)
 
 
 def _key(model: Any, phase: PhaseSpec) -> str:
@@ -65,10 +61,10 @@ class Captures:
     def of(cls, points: list[SweepPoint], capacity: Capacity) -> Captures:
         """One capture per distinct model weights x application x capture options."""
         out = cls()
-        apps = {p.phase.app for p in points if wants_capture(p)}
+        apps = {p.phase.app for p in points if wants_capture(p.phase)}
         for point in points:
             pair = (id(point.model), id(point.phase))
-            if not wants_capture(point) or pair in out.of_point:
+            if not wants_capture(point.phase) or pair in out.of_point:
                 continue
             v = Variant.from_point(point)
             key = _key(v.model, point.phase)
@@ -138,7 +134,7 @@ class Captures:
         """The kept phases of each captured point, normalised for its cache layout and checked
         against its model's dimensions (a ConfigError now, before any run exists)."""
         for point in points:
-            if not wants_capture(point):
+            if not wants_capture(point.phase):
                 continue
             module = phase_module(point.phase.name)
             key = self.of_point[(id(point.model), id(point.phase))]
@@ -158,6 +154,12 @@ class Captures:
         key = self.of_point.get((id(point.model), id(point.phase)))
         return None if key is None else self.kept[(key, point.model.kv_cache)]
 
+    @staticmethod
+    def _variants_of(result: CaptureResult, variants: dict[str, PhaseSpec]) -> dict[str, PhaseSpec]:
+        """The variants (name -> phase) of one capture's kept calls: their inputs are its files."""
+        inputs = {p.inputs for p in result.kept}
+        return {name: ph for name, ph in variants.items() if ph.inputs in inputs}
+
     # -- the sweep's run ----------------------------------------------------------------------
     def record(self, tracker: Any, parent: str, variants: dict[str, Any]) -> None:
         """Each capture on the sweep's run: the application's timings as metrics
@@ -165,7 +167,7 @@ class Captures:
         samples; `variants`: variant name -> its phase, to name the kept calls' variants."""
         for key, r in self.results.items():
             label = self.labels[key]
-            names = sorted(n for n, ph in variants.items() if ph.app == r.kept[0].app and ph.inputs in {p.inputs for p in r.kept})
+            names = sorted(self._variants_of(r, variants))
             record = {"app": self.specs[key].app, "model": self.specs[key].model.name, **summary(r), "variants": names}
             tracker.log(
                 parent,
@@ -184,10 +186,9 @@ class Captures:
         time from one token to the next."""
         rows = []
         for key, r in self.results.items():
-            inputs = {p.inputs for p in r.kept}
-            for name, ph in sorted(variants.items()):
+            for name, ph in sorted(self._variants_of(r, variants).items()):
                 o = outcomes.get(name)
-                if ph.inputs not in inputs or o is None or "latency_ms_median" not in o.metrics:
+                if o is None or "latency_ms_median" not in o.metrics:
                     continue
                 loop = r.at_calls.get(ph.call, {})
                 rows.append(

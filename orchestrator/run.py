@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.capture import Captures, wants_capture_phase
+from orchestrator.capture import Captures, wants_capture
 from orchestrator.config import validate_all
 from orchestrator.grid import GridRules, grid_rules
 from orchestrator.outcome import Outcome, Status
@@ -457,7 +457,7 @@ def dry_run_plan(
     plan = make_plan(points, configs, overrides, capacity, rules)
     say_plan(plan)
     say(f"dry run: planned for {where}")
-    standing = sum(1 for pv in plan.variants if wants_capture_phase(pv.variant.phase))
+    standing = sum(1 for pv in plan.variants if wants_capture(pv.variant.phase))
     if standing:
         say(
             f"dry run: {standing} variant(s) read 'captured': each stands for the calls its phase.app makes, up to "

@@ -238,9 +238,12 @@ class Scheduler:
                 ray.init(address=self.cluster.address, **common)
             self.owned = True
             _restore_sigterm(sigterm)
-        self._export = ray.remote(_export_entry)
-        self._bench = ray.remote(max_calls=1)(_bench_entry)
-        self._capture = ray.remote(max_calls=1)(_capture_entry)
+        # each kind's remote function: benchmarks and captures in a worker that ends after them
+        self._remote = {
+            "export": ray.remote(_export_entry),
+            "bench": ray.remote(max_calls=1)(_bench_entry),
+            "capture": ray.remote(max_calls=1)(_capture_entry),
+        }
         self.capacity = self._capacity()
 
     def stop(self) -> None:
@@ -296,7 +299,7 @@ class Scheduler:
         for task in exports + benches:
             if not self._fits(task):
                 continue
-            fn = {"export": self._export, "bench": self._bench, "capture": self._capture}[task.kind]
+            fn = self._remote[task.kind]
             options = {**task.request.options, "max_retries": 0}  # retries are ours: counted and recorded
             task.ref = fn.options(**options).remote(task.spec, self.cluster.task_timeout_s)
             task.attempts += 1

@@ -83,7 +83,7 @@ def test_two_cpu_benchmarks_never_overlap(scheduler):
         request = bench_request(cap, "cpu", 1, {}, weight_bytes=0, memory_factor=1.5, max_retries=0)
         assert request.pool == "bench_cpu"
         sched.submit("bench", f"b{i}", None, request)
-    sched._bench = _window()  # the bench entry swapped for a function that reports when it ran
+    sched._remote["bench"] = _window()  # the bench entry swapped for a function that reports when it ran
     done = [event for event in sched.results() if event[0] != "tick"]
     assert sorted((kind, key) for kind, key, _ in done) == [("bench", "b0"), ("bench", "b1")]
     spans = sorted(result for _, _, result in done)

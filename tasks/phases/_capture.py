@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import json
 import os
 import sys
 import time
@@ -129,6 +128,7 @@ class Refused(Exception):
 class _Sequence:
     """One cache's positions as the capture saw them appended: per layer (keys, values)."""
 
+    index: int  # its place among the sequences the capture run saw
     layers: list[list[Any]] = field(default_factory=list)  # [[keys, values], ...] [B, H_kv, S, D]
     length: int = 0
     tokens: list[Any] = field(default_factory=list)  # input ids of each call on it, in order
@@ -146,8 +146,7 @@ def _layers(cache: Any) -> list[tuple[Any, Any]]:
 class _Recorder:
     """The capture run's hooks: every call's signature, and each sequence's cache followed."""
 
-    def __init__(self, model: Any):
-        self.model = model
+    def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
         self.sequences: dict[int, _Sequence] = {}  # id(cache object) -> its sequence
         self.order: list[_Sequence] = []
@@ -213,7 +212,8 @@ class _Recorder:
             return
         seq = pending["seq"]
         if seq is None:  # a prefill starts a sequence
-            seq = _Sequence(layers=[[k.new_empty(k.shape[:2] + (0, k.shape[3])), v.new_empty(v.shape[:2] + (0, v.shape[3]))] for k, v in _layers(cache)])
+            empty = [[k[:, :, :0].clone(), v[:, :, :0].clone()] for k, v in _layers(cache)]
+            seq = _Sequence(len(self.order), empty)
             self.order.append(seq)
         self.sequences[id(cache)] = seq
         new = int(cache.get_seq_length())
@@ -223,7 +223,7 @@ class _Recorder:
         seq.length = new
         seq.tokens.append(pending["ids"])
         seq.calls.append(call["call"])
-        call["sequence"] = self.order.index(seq)
+        call["sequence"] = seq.index
 
 
 class _Clock:
@@ -394,7 +394,7 @@ def capture_job(spec: CaptureSpec) -> CaptureResult:
         if spec.threads:
             torch.set_num_threads(spec.threads)
         model = build_model(spec.model)
-        recorder = _Recorder(model)
+        recorder = _Recorder()
         hooks = _hooked(model, recorder)
         try:
             app(model)
@@ -457,7 +457,6 @@ def capture_job(spec: CaptureSpec) -> CaptureResult:
         if runs and all(r[2] for r in runs):
             result.timings, result.inter_token_ns = _timings(runs)
             result.at_calls = _near([p.call for p in kept], runs)
-        result.timings["app_total_calls"] = float(result.total_calls)
         result.ok = True
     except ConfigError as e:
         result.failure = Failure("capture", str(e))
@@ -483,7 +482,3 @@ def summary(result: CaptureResult) -> dict[str, Any]:
         "timings": result.timings,
         "loop_at_kept_calls": result.at_calls,
     }
-
-
-def dumps(result: CaptureResult) -> str:
-    return json.dumps(summary(result), indent=1, default=str)

@@ -132,11 +132,9 @@ def _continued(model: torch.nn.Module, cache: Any, steps: torch.Tensor, n: int) 
     import torch
 
     with torch.inference_mode():
-        for t in range(n):
+        for t in range(n - 1):
             logits = model(input_ids=steps[:, t : t + 1], cache=cache, use_cache=True).logits
-            if steps.shape[1] == n:
-                break
-            if t == steps.shape[1] - 1:
+            if t + 1 == steps.shape[1]:
                 steps = torch.cat([steps, logits[:, -1:].argmax(-1)], dim=1)
     return steps
 
