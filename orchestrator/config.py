@@ -151,6 +151,7 @@ class ClusterCfg:
     export_cache: str = ".phasesweep_cache"
     task_timeout_s: float = 3600.0
     max_retries: int = 1
+    fork_server: bool = True
 
     def check(self) -> None:
         at_least("cluster.num_cpus", self.num_cpus, 1, optional=True)

@@ -138,6 +138,13 @@ class Plan:
     def _by_name(self) -> dict[str, PlannedVariant]:
         return {pv.name: pv for pv in self.variants}
 
+    def preload(self) -> tuple[str, ...]:
+        """What a node's fork server imports for this plan's exports and benchmarks."""
+        from tasks.jobs import preload_modules
+
+        formats = {job.spec.export_format for job in self.exports.values()}
+        return preload_modules(formats, {pv.bench.runtime for pv in self.variants})
+
 
 def _swept_keys(overrides: list[list[str]]) -> set[str]:
     """Config keys the user set on the command line (`phase.context_len=128,512` -> phase.context_len)."""

@@ -395,6 +395,7 @@ def run_sweep(
             say_plan(plan)
             if not plan.variants and not plan.skipped:
                 return {}
+            sched.start_fork_servers(plan.preload())  # their imports run while the plan is recorded
             run = SweepRun(plan, out_dir, tracker, sched)
             run.record_plan(command)
             links = ui_lines(tracker.uri, getattr(tracker, "experiment_id", None), run.parent)

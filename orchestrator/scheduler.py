@@ -7,6 +7,7 @@ the scheduler hands Ray only what can start now, so a task's clock measures its 
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -21,6 +22,8 @@ from typing import Any
 from orchestrator.config import ClusterCfg, ConfigError
 from orchestrator.placement import BENCH_RESOURCE, Capacity, Request, capacity_of
 from tasks.specs import Failure
+
+log = logging.getLogger("phasesweep")
 
 # Environment for a local Ray, set before ray is first imported (Ray reads it at import):
 # - RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps the node IP on loopback, so gcs_server,
@@ -51,22 +54,50 @@ def _import_ray_on_loopback():
     return ray
 
 
-def _export_entry(spec, timeout_s):
+def _fork_folder(enabled: bool) -> str | None:
+    """This node's fork server folder for this Ray job (tasks/forks.py), or None to spawn:
+    one server per node and job, so a job's children run the code its server imported."""
+    if not enabled:
+        return None
+    import tempfile
+
+    import ray
+
+    ctx = ray.get_runtime_context()
+    node = ctx.get_node_id()[:16]
+    return str(Path(tempfile.gettempdir()) / f"phasesweep-forks-{os.getuid()}" / f"{ctx.get_job_id()}-{node}")
+
+
+class _ForkServerHost:
+    """A Ray actor per node that keeps the node's fork server: Ray ends whatever an ordinary
+    task's worker leaves running when that worker exits, and ends this actor, hence its
+    server, with the job."""
+
+    def __init__(self, preload: tuple[str, ...]):
+        from tasks import forks
+
+        forks.start(_fork_folder(True), os.getpid(), preload)
+
+    def ready(self) -> bool:
+        return True
+
+
+def _export_entry(spec, timeout_s, forks):
     from tasks.jobs import export_in_fresh_process  # heavy imports happen in the worker's child
 
-    return export_in_fresh_process(spec, timeout_s)
+    return export_in_fresh_process(spec, timeout_s, _fork_folder(forks))
 
 
-def _bench_entry(spec, timeout_s):
+def _bench_entry(spec, timeout_s, forks):
     from tasks.jobs import bench_in_fresh_process  # a process of its own, whatever the worker ran
 
-    return bench_in_fresh_process(spec, timeout_s)
+    return bench_in_fresh_process(spec, timeout_s, _fork_folder(forks))
 
 
-def _capture_entry(spec, timeout_s):
+def _capture_entry(spec, timeout_s, forks):
     from tasks.phases.captured import capture_in_fresh_process  # the application runs in the worker's child
 
-    return capture_in_fresh_process(spec, timeout_s)
+    return capture_in_fresh_process(spec, timeout_s)  # spawned: the application's imports are its own
 
 
 STAGES = {"export": "export", "bench": "benchmark", "capture": "capture"}  # task kind -> a Failure's stage
@@ -81,6 +112,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 REACH_TIMEOUT_S = 10.0
+FORK_SERVER_START_S = 180.0  # a node's fork server imports torch, transformers, ONNX, ExecuTorch
 
 
 def check_reachable(address: str) -> None:
@@ -238,13 +270,48 @@ class Scheduler:
                 ray.init(address=self.cluster.address, **common)
             self.owned = True
             _restore_sigterm(sigterm)
-        # each kind's remote function: benchmarks and captures in a worker that ends after them
+        # each kind's remote function (the work itself runs in a fresh child process of the
+        # worker's: tasks/jobs.in_fresh_process); captures in a worker that ends after them
         self._remote = {
             "export": ray.remote(_export_entry),
-            "bench": ray.remote(max_calls=1)(_bench_entry),
+            "bench": ray.remote(_bench_entry),
             "capture": ray.remote(max_calls=1)(_capture_entry),
         }
         self.capacity = self._capacity()
+        self._hosts: list[Any] = []
+        self._hosts_ready: list[Any] = []
+
+    def start_fork_servers(self, preload: tuple[str, ...]) -> None:
+        """A fork server (tasks/forks.py) on every alive node, importing `preload` while the
+        driver records the plan; the first task handed to Ray waits until they are ready."""
+        if not self.cluster.fork_server or self._hosts:
+            return
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        host = ray.remote(num_cpus=0, max_restarts=0)(_ForkServerHost)
+        for node in ray.nodes():
+            if node.get("Alive"):
+                where = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+                actor = host.options(scheduling_strategy=where).remote(preload)
+                self._hosts.append(actor)
+                self._hosts_ready.append(actor.ready.remote())
+
+    def _await_forks(self) -> None:
+        """Once, before the first task: every node's fork server is ready, or its tasks spawn."""
+        import ray
+
+        pending, self._hosts_ready = self._hosts_ready, []
+        if not pending:
+            return
+        ready, late = ray.wait(pending, num_returns=len(pending), timeout=FORK_SERVER_START_S)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - its node's tasks spawn their processes instead
+                log.warning("a fork server did not start (%s); that node's tasks spawn their processes", root_cause(e)[0])
+        if late:
+            log.warning("%d fork server(s) not ready after %gs; their nodes' tasks spawn until they are", len(late), FORK_SERVER_START_S)
 
     def stop(self) -> None:
         import signal
@@ -293,6 +360,8 @@ class Scheduler:
     def _start_queued(self) -> None:
         """Hand Ray only what can start now: a queued task's clock has not started.
         Exports start in order; benchmarks in random order."""
+        if self.queue:
+            self._await_forks()
         exports = [t for t in self.queue if t.kind == "export"]
         benches = [t for t in self.queue if t.kind != "export"]
         self.rng.shuffle(benches)
@@ -301,7 +370,7 @@ class Scheduler:
                 continue
             fn = self._remote[task.kind]
             options = {**task.request.options, "max_retries": 0}  # retries are ours: counted and recorded
-            task.ref = fn.options(**options).remote(task.spec, self.cluster.task_timeout_s)
+            task.ref = fn.options(**options).remote(task.spec, self.cluster.task_timeout_s, self.cluster.fork_server)
             task.attempts += 1
             task.started = time.monotonic()
             self.running[task.ref] = task

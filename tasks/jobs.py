@@ -16,7 +16,7 @@ import socket
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -273,14 +273,44 @@ def _death(exitcode: int | None) -> str:
     return f"exited with status {exitcode} before returning a result"
 
 
-def in_fresh_process(fn: Callable[[Any], Any], spec: Any, timeout_s: float | None, stage: str) -> Any:
-    """fn(spec) in a process spawned for it alone (nothing inherited, nothing run before).
+def preload_modules(formats: Iterable[str], runtimes: Iterable[str]) -> tuple[str, ...]:
+    """What a fork server imports once for its children: torch, transformers' modelling
+    module of every family, and the PRELOAD of each export format and runtime named."""
+    from tasks.export import format_module
+    from tasks.families import FAMILIES
+    from tasks.runtimes import runtime_module
+
+    names = ["torch", "transformers", *(f.rotary_module for f in FAMILIES.values())]
+    for module in [*map(format_module, sorted(set(formats))), *map(runtime_module, sorted(set(runtimes)))]:
+        names += getattr(module, "PRELOAD", ())
+    return tuple(dict.fromkeys(names))
+
+
+def in_fresh_process(
+    fn: Callable[[Any], Any], spec: Any, timeout_s: float | None, stage: str, forks: str | None = None
+) -> Any:
+    """fn(spec) in a process of its own (nothing inherited, nothing run before).
 
     - a process of its own: a Ray worker that ran an export may be handed a benchmark next;
       in a child of its own the benchmark's memory, threads and caches are its own;
+    - `forks` (a folder): forked by the fork server listening there (tasks/forks.py), which
+      has imported the heavy modules once, so the child starts in milliseconds; None, or
+      no server there: spawned;
     - its own clock: `timeout_s` counts from the child's start, not the worker's start-up;
     - a crash is data: a segfault, os._exit or the OOM killer becomes a failed result that
       says how the process ended."""
+    if forks is not None:
+        from tasks import forks as fork_server
+
+        try:
+            conn = fork_server.connect(forks)
+        except (fork_server.ForkServerError, OSError) as e:
+            import logging
+
+            logging.getLogger(__name__).warning("%s; spawning the %s process instead", e, stage)
+        else:
+            kind, value = fork_server.run(conn, fn, spec, timeout_s)
+            return _ended(spec, stage, timeout_s, kind, value)
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
@@ -291,17 +321,26 @@ def in_fresh_process(fn: Callable[[Any], Any], spec: Any, timeout_s: float | Non
     try:
         if not receive.poll(timeout_s):
             child.kill()
-            return _failed(spec, Failure(stage, f"timed out after {timeout_s:g}s of its own run (cluster.task_timeout_s)"))
+            return _ended(spec, stage, timeout_s, "timeout", None)
         try:
             return receive.recv()
         except EOFError:
             child.join(5)
-            return _failed(spec, Failure(stage, f"the {stage} process died: {_death(child.exitcode)}"))
+            return _ended(spec, stage, timeout_s, "died", child.exitcode)
     finally:
         if child.is_alive():
             child.kill()
         child.join(5)
         receive.close()
+
+
+def _ended(spec: Any, stage: str, timeout_s: float | None, kind: str, value: Any) -> Any:
+    """A fresh process's result, or the failure that says how it ended without one."""
+    if kind == "result":
+        return value
+    if kind == "timeout":
+        return _failed(spec, Failure(stage, f"timed out after {timeout_s:g}s of its own run (cluster.task_timeout_s)"))
+    return _failed(spec, Failure(stage, f"the {stage} process died: {_death(value)}"))
 
 
 def _failed(spec: Any, failure: Failure) -> ExportResult | BenchResult | CaptureResult:
@@ -312,14 +351,18 @@ def _failed(spec: Any, failure: Failure) -> ExportResult | BenchResult | Capture
     return BenchResult(spec.variant, ok=False, failure=failure)
 
 
-def bench_in_fresh_process(spec: BenchSpec, timeout_s: float | None = None) -> BenchResult:
+def bench_in_fresh_process(
+    spec: BenchSpec, timeout_s: float | None = None, forks: str | None = None
+) -> BenchResult:
     """bench_job in a process of its own (see in_fresh_process)."""
-    return in_fresh_process(bench_job, spec, timeout_s, "benchmark")
+    return in_fresh_process(bench_job, spec, timeout_s, "benchmark", forks)
 
 
-def export_in_fresh_process(spec: ExportSpec, timeout_s: float | None = None) -> ExportResult:
+def export_in_fresh_process(
+    spec: ExportSpec, timeout_s: float | None = None, forks: str | None = None
+) -> ExportResult:
     """export_job in a process of its own: a crashing exporter fails its entry, not the worker."""
-    return in_fresh_process(export_job, spec, timeout_s, "export")
+    return in_fresh_process(export_job, spec, timeout_s, "export", forks)
 
 
 def bench_job(spec: BenchSpec) -> BenchResult:
@@ -345,7 +388,11 @@ def bench_job(spec: BenchSpec) -> BenchResult:
         meta, feeds, parity_data = load_export(spec.export_dir)
         libraries = (*format_module(meta["export_format"]).LIBRARIES, *runtime.LIBRARIES)
         result.env = fingerprint(spec.device, libraries)
-        result.params.update(pid=os.getpid(), process_ran_before=ran_before or "nothing")
+        from tasks.forks import FORKED
+
+        result.params.update(
+            pid=os.getpid(), process_ran_before=ran_before or "nothing", process_start="forked" if FORKED else "spawned"
+        )
         t0 = time.perf_counter()
         session = runtime.load(spec, meta, feeds)
         result.metrics["load_seconds"] = time.perf_counter() - t0

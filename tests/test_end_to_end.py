@@ -210,10 +210,12 @@ def phase_of(name: str) -> str:
 
 
 def check_fresh_processes(kids, count):
-    """Each benchmark ran in a process of its own that never ran an export or another benchmark."""
+    """Each benchmark ran in a process of its own that never ran an export or another benchmark,
+    forked by its node's fork server (which had imported torch & co. and run no job)."""
     measured = [r for r in kids.values() if "latency_ms_median" in r.data.metrics]
     assert len(measured) == count
     assert [r.data.params["runtime.process_ran_before"] for r in measured] == ["nothing"] * count
+    assert [r.data.params["runtime.process_start"] for r in measured] == ["forked"] * count
     pids = [r.data.params["runtime.pid"] for r in measured]
     assert len(set(pids)) == len(pids)
 

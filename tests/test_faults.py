@@ -62,6 +62,31 @@ def parent_of(pid: int) -> int:
     return int(text[text.rindex(")") + 2 :].split()[1])
 
 
+def cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def bench_worker(bench_pid: int) -> int:
+    """The Ray worker running the benchmark whose process is `bench_pid`: its parent when
+    spawned; when forked by the node's fork server (its parent then), the one worker whose
+    title says it runs the bench task (one benchmark runs at a time on the node)."""
+    parent = parent_of(bench_pid)
+    if "tasks.forks" not in cmdline(parent):
+        assert "ray" in cmdline(parent).lower(), f"the benchmark's parent is not a Ray worker: {cmdline(parent)!r}"
+        return parent
+    session = os.getsid(bench_pid)
+    workers = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if cmdline(int(proc.name)).startswith("ray::_bench_entry") and os.getsid(int(proc.name)) == session:
+                    workers.append(int(proc.name))
+            except (OSError, ProcessLookupError):
+                pass
+    assert len(workers) == 1, f"not one Ray worker running the bench task: {workers}"
+    return workers[0]
+
+
 class Sweep:
     """`python sweep.py *args` in `cwd`, leading a session of its own; its stdout and stderr
     read line by line as they come, so a test can wait for a line (`wait_for`)."""
@@ -181,8 +206,9 @@ def spin_export(exported):
 @pytest.fixture(scope="module")
 def fault_sweep(tmp_path_factory, mlflow_db, cache_override, spin_export):
     """The sweep over every fault; while the healthy variant's benchmark loads, its Ray
-    worker is killed with SIGKILL (the benchmark's process dies with it, PR_SET_PDEATHSIG),
-    so the task is retried (cluster.max_retries=1). Returns (sweep, uri, killed worker pid)."""
+    worker is killed with SIGKILL (the benchmark's process dies with it: the fork server
+    kills a child whose worker hung up, a spawned one has PR_SET_PDEATHSIG), so the task is
+    retried (cluster.max_retries=1). Returns (sweep, uri, killed worker pid)."""
     folder = tmp_path_factory.mktemp("faults")
     uri = mlflow_db(folder)
     pids = folder / "bench_pids.txt"
@@ -203,9 +229,7 @@ def fault_sweep(tmp_path_factory, mlflow_db, cache_override, spin_export):
             lines = pids.read_text().splitlines() if pids.exists() else []
             found = [int(ln.split()[0]) for ln in lines if ln.endswith("_faultnone")]
             if found:
-                worker = parent_of(found[0])
-                cmdline = Path(f"/proc/{worker}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-                assert "ray" in cmdline.lower(), f"the benchmark's parent is not a Ray worker: {cmdline!r}"
+                worker = bench_worker(found[0])
                 os.kill(worker, signal.SIGKILL)
                 killed.append(worker)
                 return

@@ -138,6 +138,7 @@ class FakeScheduler:
         self.submitted: list[tuple[str, str, Any, Any]] = []
         self.queue: list[tuple[str, str, Any]] = []
         self.entered = self.exited = False
+        self.preload: tuple[str, ...] | None = None
 
     def __enter__(self):
         self.entered = True
@@ -145,6 +146,9 @@ class FakeScheduler:
 
     def __exit__(self, *exc):
         self.exited = True
+
+    def start_fork_servers(self, preload):
+        self.preload = preload
 
     def submit(self, kind, key, spec, request):
         self.submitted.append((kind, key, spec, request))
@@ -572,6 +576,7 @@ def test_run_sweep_runs_the_plan_and_returns_each_jobs_outcome(monkeypatch, tmp_
     plan = plan_jobs(JOBS[0], JOBS[1])
     exports = [("export", key_of(plan, A)), ("export", key_of(plan, B))]
     assert [s[:2] for s in sched.submitted] == [*exports, ("bench", f"{A}#0"), ("bench", f"{B}#0")]
+    assert sched.preload == plan.preload()  # each node's fork server imports what the plan runs
 
 
 def test_an_interrupt_mid_sweep_aborts_open_runs_and_stops_the_scheduler(monkeypatch, tmp_path):

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import torch
 
 LIBRARIES = ("torch", "transformers", "executorch", "torchao")
+PRELOAD = ("executorch.exir", "executorch.backends.xnnpack.partition.xnnpack_partitioner", "executorch.devtools.backend_debug")
 # peak RSS 18.4 GB for the Llama-3.2-1B architecture in fp32 (4.9 GB of weights): 3.7x
 MEMORY_FACTOR = 4.0
 RESOURCES = {"num_cpus": 1}

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     import torch
 
 LIBRARIES = ("torch", "transformers", "onnx", "onnxscript")
+PRELOAD = ("onnx", "onnxscript", "torch.onnx")  # what a fork server imports for its children (tasks/forks.py)
 # peak RSS of an export as a multiple of the weights: 6.2 GB for the Llama-3.2-1B
 # architecture in fp32 (4.9 GB of weights), 1.3x, rounded up
 MEMORY_FACTOR = 1.5

@@ -15,6 +15,7 @@ import numpy as np
 from tasks.specs import BenchSpec
 
 LIBRARIES = ("executorch",)
+PRELOAD = ("executorch.runtime", "executorch.extension.pybindings.portable_lib")
 MEMORY_FACTOR = 1.5
 # model dtypes it runs, by device: other combinations are skipped at plan time
 DTYPES = {"cpu": ("float32", "float16", "bfloat16")}

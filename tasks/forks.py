@@ -1,0 +1,265 @@
+"""Fresh processes in milliseconds: a node's fork server.
+
+Every export, benchmark and capture runs in a process of its own (tasks/jobs.in_fresh_process).
+Spawning one costs a Python start and the imports of torch, transformers, ONNX and
+ExecuTorch: 4-5 s a task on this project's machine, more than a tiny model's export or
+benchmark takes. A fork server imports them once and forks a child per task. The child
+is as fresh as a spawned one: the server imports modules and never runs a job, touches no
+tensor and starts no thread pool, so a child's memory, thread pools and caches are its own
+(`process_ran_before` stays "nothing") and it starts in a few milliseconds.
+
+One server per folder: the caller names a folder per node and Ray job (the orchestrator
+does), so two sweeps never share one and a job's code is the code its server imported.
+A long-lived process of the node starts it (`start`, under a lock: the orchestrator keeps
+one Ray actor per node for this, since Ray ends what an ordinary task's worker leaves
+behind) and it ends when that process ends, or after `IDLE_S` without a task. A task's
+process `connect`s: it waits for a start under way, and is told when none listens (it
+then spawns its child as before). Stdlib only at import: the heavy modules are imported
+in the server.
+
+Protocol, one connection per task (multiprocessing's framing over a Unix socket in a
+folder only this user can enter): the client sends (fn, spec) pickled; the server reads the
+bytes, forks (the child unpickles and runs them) and answers
+("pid", pid); the child sends ("result", result) and exits; the server reaps it and sends
+("exit", status). A client that goes away (its Ray task cancelled, its worker killed)
+takes its child with it: the server kills a child whose client hung up.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+SOCKET = "forks.sock"
+LOCK = "forks.lock"
+READY = "ready"  # the line the server prints once it has imported and listens
+IDLE_S = 600.0  # a server without a task this long ends (a job on a cluster that outlives it)
+START_TIMEOUT_S = 180.0  # imports on a busy node
+POLL_S = 0.5
+FORKED = False  # True in a child of a fork server (a benchmark records how its process started)
+
+
+class ForkServerError(RuntimeError):
+    """The fork server could not be started or reached (the caller may spawn instead)."""
+
+
+# -- the server ------------------------------------------------------------------------------
+
+
+def _preload(modules: Iterable[str]) -> None:
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - an optional library missing: its tasks import (and fail) in the child
+            pass
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _child(conn: Connection, job: bytes, listener: socket.socket, others: Iterable[Connection]) -> None:
+    """In the forked child: nothing of the server but its imports, then the job."""
+    global FORKED
+    FORKED = True
+    try:
+        listener.close()
+        for c in others:
+            c.close()
+        _die_with_parent()  # the server ends: so does its child
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        try:
+            import numpy as np
+
+            np.random.seed(int.from_bytes(os.urandom(4), "little"))  # as a spawned process draws its own
+        except ImportError:
+            pass
+        fn, spec = pickle.loads(job)  # unpickled here: the server never runs a job's code
+        conn.send(("result", fn(spec)))  # the jobs return failures as results; they do not raise
+        conn.close()
+        code = 0
+    except BaseException:  # noqa: BLE001 - the client sees the exit status
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    os._exit(code)
+
+
+def serve(folder: Path, watch_pid: int | None, preload: Iterable[str], idle_s: float = IDLE_S) -> None:
+    """Import `preload`, listen on folder/forks.sock, fork a child per connection; end when
+    `watch_pid` ends or after `idle_s` without a task."""
+    _preload(preload)
+    path = folder / SOCKET
+    path.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(64)
+    print(READY, flush=True)
+    os.dup2(2, 1)  # the starter stops reading: the children's prints go to the log
+    children: dict[int, Connection] = {}  # pid -> its client's connection
+    last = time.monotonic()
+    try:
+        while True:
+            fds = [listener, *children.values()]
+            readable, _, _ = select.select(fds, [], [], POLL_S)
+            for pid, conn in list(children.items()):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    try:
+                        conn.send(("exit", os.waitstatus_to_exitcode(status)))
+                    except OSError:
+                        pass
+                    conn.close()
+                    del children[pid]
+                    last = time.monotonic()
+                elif conn in readable:  # the client hung up (it only reads after sending): end its child
+                    os.kill(pid, signal.SIGKILL)
+            if listener in readable:
+                sock, _ = listener.accept()
+                conn = Connection(sock.detach())
+                try:
+                    job = conn.recv_bytes()  # read now: from here on, a readable connection means a hang-up
+                except (EOFError, OSError):
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    _child(conn, job, listener, children.values())
+                conn.send(("pid", pid))
+                children[pid] = conn
+            if watch_pid is not None and not _alive(watch_pid):
+                break
+            if not children and time.monotonic() - last > idle_s:
+                break
+    finally:
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        listener.close()
+        path.unlink(missing_ok=True)
+
+
+# -- the client ------------------------------------------------------------------------------
+
+
+def _connect(path: Path) -> Connection | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        return None
+    return Connection(sock.detach())
+
+
+def _start(folder: Path, watch_pid: int, preload: tuple[str, ...]) -> None:
+    """Start the server (not in a session of its own: whoever ends this process tree ends it)."""
+    cmd = [sys.executable, "-m", "tasks.forks", str(folder), str(watch_pid), *preload]
+    root = Path(__file__).resolve().parent.parent  # this checkout's tasks/, also in a Ray job's working dir
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    log = (folder / "server.log").open("ab")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env, close_fds=True)
+    log.close()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            line = proc.stdout.readline()
+            if line.strip() == READY.encode():
+                proc.stdout.close()
+                return
+            if not line:  # it ended
+                break
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    raise ForkServerError(f"the fork server in {folder} did not start (see {folder / 'server.log'})")
+
+
+def _folder(folder: str | Path) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(folder, 0o700)  # only this user reaches the socket
+    return folder
+
+
+def start(folder: str | Path, watch_pid: int, preload: tuple[str, ...]) -> None:
+    """Start the server of `folder` unless one listens there; return once it has imported
+    and listens. It ends when `watch_pid` (the process that keeps it: a long-lived one) ends."""
+    folder = _folder(folder)
+    with (folder / LOCK).open("a") as lock:  # clients that come meanwhile wait for the start
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        conn = _connect(folder / SOCKET)
+        if conn is not None:
+            conn.close()
+            return
+        _start(folder, watch_pid, preload)
+
+
+def connect(folder: str | Path) -> Connection:
+    """A connection to the server of `folder`, once a start under way there has ended.
+    ForkServerError when none listens (the caller spawns instead)."""
+    folder = _folder(folder)
+    conn = _connect(folder / SOCKET)
+    if conn is None:
+        with (folder / LOCK).open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        conn = _connect(folder / SOCKET)
+    if conn is None:
+        raise ForkServerError(f"no fork server listens in {folder}")
+    return conn
+
+
+def run(conn: Connection, fn: Callable[[Any], Any], spec: Any, timeout_s: float | None) -> tuple[str, Any]:
+    """fn(spec) in a child forked for it: ("result", value), ("died", exit code) or
+    ("timeout", None) (the child is killed). `timeout_s` counts from the fork."""
+    try:
+        conn.send((fn, spec))
+        kind, pid = conn.recv()
+        if not conn.poll(timeout_s):
+            os.kill(pid, signal.SIGKILL)
+            return "timeout", None
+        kind, value = conn.recv()
+        return ("result", value) if kind == "result" else ("died", value)
+    except EOFError:
+        return "died", None
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    from tasks import forks as _this  # the module by its name, not __main__: its children set tasks.forks.FORKED
+
+    _folder, _watch, *_modules = sys.argv[1:]
+    _this.serve(Path(_folder), int(_watch) or None, _modules)

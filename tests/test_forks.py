@@ -1,0 +1,167 @@
+"""tasks/forks.py: the node's fork server. Each job runs in a child forked for it alone;
+a crash, a timeout or a client that goes away are data, and the server ends with the
+process that keeps it. The servers here preload only the stdlib: what is checked is the
+mechanism (a sweep's own servers import torch & co.: tests/test_end_to_end.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tasks import forks
+from tasks.jobs import in_fresh_process, preload_modules
+from tasks.specs import BenchResult
+
+HERE = Path(__file__).resolve().parent
+
+
+def whoami(_):
+    return {"pid": os.getpid(), "parent": os.getppid(), "forked": forks.FORKED, "modules": "json" in sys.modules}
+
+
+def exit_with(code):
+    os._exit(code)
+
+
+def kill_myself(sig):
+    os.kill(os.getpid(), sig)
+
+
+def write_pid_and_sleep(path):
+    Path(path).write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+def gone(pid: int, within: float = 30.0) -> bool:
+    """Wait for `pid` to end (an event, with a generous deadline for a loaded machine)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a child of ours ends as a zombie until reaped
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return True
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    """A fork server in tmp_path kept by a `sleep` process (its watched pid): (folder, keeper)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    keeper = subprocess.Popen(["sleep", "600"])
+    folder = tmp_path / "forks"
+    forks.start(folder, keeper.pid, ("json",))
+    yield folder, keeper
+    keeper.kill()
+    keeper.wait()
+
+
+def server_pid(folder: Path) -> int:
+    out = subprocess.run(["pgrep", "-f", f"tasks.forks {folder} "], capture_output=True, text=True).stdout.split()
+    assert len(out) == 1, out
+    return int(out[0])
+
+
+def test_each_job_runs_in_a_child_forked_for_it_alone(server):
+    folder, _ = server
+    first = forks.run(forks.connect(folder), whoami, None, 60)
+    second = forks.run(forks.connect(folder), whoami, None, 60)
+    assert first[0] == second[0] == "result"
+    a, b = first[1], second[1]
+    assert a["pid"] != b["pid"] and os.getpid() not in (a["pid"], b["pid"])
+    assert a["parent"] == b["parent"] == server_pid(folder)  # the server forked both
+    assert a["forked"] and b["forked"] and a["modules"]  # what the server preloaded is there
+    assert not forks.FORKED  # this process was not forked by a server
+
+
+def test_a_child_that_dies_is_reported_with_how_it_ended(server):
+    folder, _ = server
+    assert forks.run(forks.connect(folder), exit_with, 3, 60) == ("died", 3)
+    assert forks.run(forks.connect(folder), kill_myself, signal.SIGSEGV, 60) == ("died", -signal.SIGSEGV)
+
+
+def test_a_child_past_its_timeout_is_killed(server, tmp_path):
+    folder, _ = server
+    marker = tmp_path / "pid"
+    assert forks.run(forks.connect(folder), write_pid_and_sleep, str(marker), 5) == ("timeout", None)
+    assert gone(int(marker.read_text()))
+
+
+def test_a_client_that_goes_away_takes_its_child_with_it(server, tmp_path):
+    """A Ray task cancelled or its worker killed: the child it asked for does not live on."""
+    folder, _ = server
+    marker = tmp_path / "pid"
+    conn = forks.connect(folder)
+    conn.send((write_pid_and_sleep, str(marker)))
+    kind, pid = conn.recv()
+    assert kind == "pid"
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:  # the child is running
+        time.sleep(0.05)
+    conn.close()  # hang up
+    assert gone(pid)
+
+
+def test_the_server_ends_with_the_process_that_keeps_it(server):
+    folder, keeper = server
+    pid = server_pid(folder)
+    keeper.kill()
+    keeper.wait()
+    assert gone(pid)
+    assert not (folder / forks.SOCKET).exists()
+    with pytest.raises(forks.ForkServerError, match="no fork server listens"):
+        forks.connect(folder)
+
+
+def test_starting_twice_keeps_the_one_server(server):
+    folder, keeper = server
+    pid = server_pid(folder)
+    forks.start(folder, keeper.pid, ("json",))
+    assert server_pid(folder) == pid
+
+
+def test_without_a_server_the_process_is_spawned(tmp_path, monkeypatch):
+    """No server in the folder (it did not start, or the node joined later): the job still
+    runs in a fresh process, spawned, and a crash there is still data."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    result = in_fresh_process(whoami, None, 120, "benchmark", str(tmp_path / "none"))
+    assert result["pid"] != os.getpid() and not result["forked"]
+
+
+def nap(spec):
+    time.sleep(spec.seconds)
+
+
+def die(spec):
+    os.kill(os.getpid(), spec.signal)
+
+
+def test_a_forked_benchmark_that_dies_fails_its_variant(server):
+    """in_fresh_process through a server: a child's death is the variant's failure, as spawned."""
+    folder, _ = server
+    result = in_fresh_process(die, SimpleNamespace(variant="v", signal=signal.SIGKILL), 60, "benchmark", str(folder))
+    assert isinstance(result, BenchResult) and not result.ok and result.variant == "v"
+    assert (result.failure.stage, result.failure.error) == ("benchmark", "the benchmark process died: killed by SIGKILL")
+    late = in_fresh_process(nap, SimpleNamespace(variant="v", seconds=600), 2, "benchmark", str(folder))
+    assert late.failure.error == "timed out after 2s of its own run (cluster.task_timeout_s)"
+
+
+def test_the_preload_names_what_the_plan_runs():
+    ort = preload_modules({"onnx"}, {"onnxruntime"})
+    assert {"torch", "transformers", "onnxruntime", "torch.onnx"} <= set(ort)
+    assert not any(m.startswith("executorch") for m in ort)
+    everything = preload_modules({"onnx", "executorch", "none"}, {"onnxruntime", "executorch", "eager", "compile"})
+    assert {"executorch.runtime", "executorch.exir", "torch._dynamo"} <= set(everything)
+    assert len(everything) == len(set(everything))
