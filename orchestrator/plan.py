@@ -138,12 +138,12 @@ class Plan:
     def _by_name(self) -> dict[str, PlannedVariant]:
         return {pv.name: pv for pv in self.variants}
 
-    def preload(self) -> tuple[str, ...]:
-        """What a node's fork server imports for this plan's exports and benchmarks."""
-        from tasks.jobs import preload_modules
+    def fork_servers(self) -> dict[str, tuple[str, ...]]:
+        """The fork servers each node runs for this plan, and what each imports."""
+        from tasks.jobs import fork_servers
 
         formats = {job.spec.export_format for job in self.exports.values()}
-        return preload_modules(formats, {pv.bench.runtime for pv in self.variants})
+        return fork_servers(formats, {pv.bench.runtime for pv in self.variants})
 
 
 def _swept_keys(overrides: list[list[str]]) -> set[str]:

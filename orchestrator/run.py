@@ -171,6 +171,7 @@ class SweepRun:
                 self.sched.submit("export", key, job.spec, job.request)
 
     def on_export(self, key: str, result: ExportResult | Failure) -> None:
+        model = self.log_model(key, result) if isinstance(result, ExportResult) and result.ok else {}
         for name in self.plan.exports[key].variants:
             o = self.outcomes[name]
             if o.ended:
@@ -191,35 +192,41 @@ class SweepRun:
                     **{f"shape.{n}": s for n, s in result.input_shapes.items()},
                     **{f"export.{k}": v for k, v in result.details.items()},
                 },
-                tags={"status": Status.RUNNING, "export_cache_hit": result.cache_hit, "export_dir": result.out_dir},
+                tags={
+                    "status": Status.RUNNING,
+                    "export_cache_hit": result.cache_hit,
+                    "export_dir": result.out_dir,  # on the node that made it
+                    **model,
+                },
             )
             if result.anatomy:  # what is inside the artifact: the whole record and its op histogram
                 self.tracker.log_dict(o.run_id, result.anatomy, anatomy.ARTIFACT)
                 self.tracker.log_table(o.run_id, anatomy.rows(result.anatomy), anatomy.TABLE)
-            if result.artifact:
-                self.log_model(o, result)
             o.status = Status.RUNNING
             pv = self.plan.variant(name)
             for r in range(pv.bench.bench.repeats):  # each in a fresh process; the scheduler interleaves them
                 self.sched.submit("bench", f"{name}#{r}", pv.bench, pv.request)
             say(f"  exported  {name:<44} {result.export_seconds:6.1f}s {'(cache hit)' if result.cache_hit else ''}")
 
-    def log_model(self, o: Outcome, export: ExportResult) -> None:
-        """The exported model (and its external weights) as artifacts under model/, unless
-        it is larger than tracking.max_model_mb: then a tag says where it is instead."""
+    def log_model(self, key: str, export: ExportResult) -> dict[str, str]:
+        """The exported model (and its external weights), stored once on the sweep's run under
+        exports/<entry>/ however many variants use it; each of them is tagged with where it
+        is (`model_artifact`). Larger than tracking.max_model_mb: a tag says where it stayed."""
+        if not export.artifact:  # eager-style backends run the graph module itself
+            return {}
         limit = self.plan.point.tracking.max_model_mb
         if limit is not None and export.artifact_mb > limit:
-            self.tracker.log(
-                o.run_id,
-                tags={
-                    "model_not_logged": f"{export.artifact_mb:.0f} MB > tracking.max_model_mb="
-                    f"{limit:g}; the model is in {export.out_dir}"
-                },
-            )
-            return
-        artifact = Path(export.artifact)
-        for f in sorted(artifact.parent.glob(artifact.name + "*")):  # model.onnx, model.onnx.data
-            self.tracker.artifact(o.run_id, f, "model")
+            return {
+                "model_not_logged": f"{export.artifact_mb:.0f} MB > tracking.max_model_mb="
+                f"{limit:g}; the model is in {export.out_dir}"
+            }
+        planned = self.plan.exports[key].spec.out_dir
+        folder = self.sched.export_folder(planned, export.out_dir)  # on this machine
+        name = Path(export.artifact).name
+        where = f"exports/{Path(planned).name}"
+        for f in sorted(folder.glob(name + "*")):  # model.onnx, model.onnx.data
+            self.tracker.artifact(self.parent, f, where)
+        return {"model_artifact": f"{self.tracker.artifact_uri(self.parent)}/{where}/{name}"}
 
     # -- benchmark --------------------------------------------------------------------
     def on_bench(self, key: str, result: BenchResult | Failure) -> None:
@@ -395,7 +402,7 @@ def run_sweep(
             say_plan(plan)
             if not plan.variants and not plan.skipped:
                 return {}
-            sched.start_fork_servers(plan.preload())  # their imports run while the plan is recorded
+            sched.start_fork_servers(plan.fork_servers())  # their imports run while the plan is recorded
             run = SweepRun(plan, out_dir, tracker, sched)
             run.record_plan(command)
             links = ui_lines(tracker.uri, getattr(tracker, "experiment_id", None), run.parent)

@@ -54,9 +54,10 @@ def _import_ray_on_loopback():
     return ray
 
 
-def _fork_folder(enabled: bool) -> str | None:
-    """This node's fork server folder for this Ray job (tasks/forks.py), or None to spawn:
-    one server per node and job, so a job's children run the code its server imported."""
+def _fork_folder(enabled: bool, role: str) -> str | None:
+    """The folder of this node's fork server of `role` for this Ray job (tasks/forks.py), or
+    None to spawn: servers per node and job, so a job's children run the code its servers
+    imported; one for exports and one per runtime (tasks/jobs.fork_servers)."""
     if not enabled:
         return None
     import tempfile
@@ -65,36 +66,84 @@ def _fork_folder(enabled: bool) -> str | None:
 
     ctx = ray.get_runtime_context()
     node = ctx.get_node_id()[:16]
-    return str(Path(tempfile.gettempdir()) / f"phasesweep-forks-{os.getuid()}" / f"{ctx.get_job_id()}-{node}")
+    return str(Path(tempfile.gettempdir()) / f"phasesweep-forks-{os.getuid()}" / f"{ctx.get_job_id()}-{node}" / role)
 
 
 class _ForkServerHost:
-    """A Ray actor per node that keeps the node's fork server: Ray ends whatever an ordinary
+    """A Ray actor per node that keeps the node's fork servers: Ray ends whatever an ordinary
     task's worker leaves running when that worker exits, and ends this actor, hence its
-    server, with the job."""
+    servers, with the job. All start at once, each folder locked until its server is ready;
+    the actor is ready once the export server is (the first tasks are exports), and the
+    benchmarks' servers finish starting behind it (a benchmark that comes first waits)."""
 
-    def __init__(self, preload: tuple[str, ...]):
+    def __init__(self, servers: dict[str, tuple[str, ...]]):
+        import threading
+
         from tasks import forks
+        from tasks.jobs import EXPORT_SERVER
 
-        forks.start(_fork_folder(True), os.getpid(), preload)
+        starting = {role: forks.begin(_fork_folder(True, role), os.getpid(), mods) for role, mods in servers.items()}
+        first = starting.pop(EXPORT_SERVER, None)
+        self._rest = threading.Thread(target=self._wait_all, args=(list(starting.values()),), daemon=True)
+        self._rest.start()
+        if first is not None:
+            first.wait()
+
+    @staticmethod
+    def _wait_all(starting: list[Any]) -> None:
+        for s in starting:
+            if s is not None:
+                try:
+                    s.wait()
+                except Exception as e:  # noqa: BLE001 - that runtime's benchmarks spawn their processes
+                    log.warning("%s", e)
 
     def ready(self) -> bool:
         return True
 
 
-def _export_entry(spec, timeout_s, forks):
-    from tasks.jobs import export_in_fresh_process  # heavy imports happen in the worker's child
+def _node_id() -> str:
+    import ray
 
-    return export_in_fresh_process(spec, timeout_s, _fork_folder(forks))
-
-
-def _bench_entry(spec, timeout_s, forks):
-    from tasks.jobs import bench_in_fresh_process  # a process of its own, whatever the worker ran
-
-    return bench_in_fresh_process(spec, timeout_s, _fork_folder(forks))
+    return ray.get_runtime_context().get_node_id()
 
 
-def _capture_entry(spec, timeout_s, forks):
+def _export_entry(spec, timeout_s, forks, ship):
+    """The export, into this node's own cache (tasks/transfer.py); with `ship`, its entry
+    packed as the task's second return, which Ray's object store takes to any node."""
+    from dataclasses import replace
+
+    from tasks.jobs import EXPORT_SERVER, export_in_fresh_process  # heavy imports happen in the worker's child
+    from tasks.transfer import node_entry, pack
+
+    forks = _fork_folder(forks, EXPORT_SERVER)
+    result = export_in_fresh_process(replace(spec, out_dir=node_entry(spec.out_dir)), timeout_s, forks)
+    if not result.ok:
+        return result, None
+    result.details["ray_node"] = _node_id()
+    return result, pack(result.out_dir) if ship else None
+
+
+def _bench_entry(spec, timeout_s, forks, packed=None):
+    """The benchmark on this node's copy of its export: fetched from what the export sent
+    when this node's cache lacks it (no shared filesystem needed)."""
+    from dataclasses import replace
+
+    from tasks.jobs import bench_in_fresh_process, bench_server  # a process of its own, whatever the worker ran
+    from tasks.specs import BenchResult, Failure
+    from tasks.transfer import localise, node_entry
+
+    spec = replace(spec, export_dir=node_entry(spec.export_dir))
+    try:
+        source = localise(spec.export_dir, packed)
+    except (OSError, ValueError) as e:
+        return BenchResult(spec.variant, ok=False, failure=Failure("load", f"the export is not on this node: {e}"))
+    result = bench_in_fresh_process(spec, timeout_s, _fork_folder(forks, bench_server(spec.runtime)))
+    result.params.update(ray_node=_node_id(), export_source=source)
+    return result
+
+
+def _capture_entry(spec, timeout_s, forks, _packed=None):
     from tasks.phases.captured import capture_in_fresh_process  # the application runs in the worker's child
 
     return capture_in_fresh_process(spec, timeout_s)  # spawned: the application's imports are its own
@@ -218,6 +267,7 @@ class _Task:
     spec: Any
     request: Request
     ref: Any = None
+    payload: Any = None  # an export's packed entry (a second object ref), when shipped
     started: float = 0.0
     attempts: int = 0
 
@@ -233,6 +283,12 @@ class Scheduler:
         self.watchdog: Any = None  # orchestrator.reaper.Watchdog of the local Ray this driver started
         self.queue: deque[_Task] = deque()
         self.running: dict[Any, _Task] = {}
+        # exports travel through Ray's object store on a joined cluster, whose nodes need not
+        # share a filesystem; a local Ray's tasks and driver share this machine's cache
+        self.ship = cluster.address is not None
+        self.payloads: dict[str, Any] = {}  # export cache entry (as planned) -> its packed entry's ref
+        self._readers: dict[str, int] = {}  # export cache entry -> benchmarks queued or running on it
+        self._fetched: Path | None = None  # where the driver unpacks what it logs
 
     # -- lifecycle -------------------------------------------------------------------
     def __enter__(self) -> Scheduler:
@@ -257,6 +313,7 @@ class Scheduler:
             if local:
                 with _one_start_at_a_time():
                     ray.init(
+                        address="local",  # a Ray of its own, even beside a cluster started on this machine
                         num_cpus=self.cluster.num_cpus or os.cpu_count(),
                         resources={BENCH_RESOURCE: 1},
                         include_dashboard=self.cluster.dashboard,
@@ -281,9 +338,10 @@ class Scheduler:
         self._hosts: list[Any] = []
         self._hosts_ready: list[Any] = []
 
-    def start_fork_servers(self, preload: tuple[str, ...]) -> None:
-        """A fork server (tasks/forks.py) on every alive node, importing `preload` while the
-        driver records the plan; the first task handed to Ray waits until they are ready."""
+    def start_fork_servers(self, servers: dict[str, tuple[str, ...]]) -> None:
+        """The fork servers (tasks/forks.py) on every alive node, `servers` (role -> what it
+        imports) importing while the driver records the plan; the first task handed to Ray
+        waits until each node's export server is ready."""
         if not self.cluster.fork_server or self._hosts:
             return
         import ray
@@ -293,7 +351,7 @@ class Scheduler:
         for node in ray.nodes():
             if node.get("Alive"):
                 where = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-                actor = host.options(scheduling_strategy=where).remote(preload)
+                actor = host.options(scheduling_strategy=where).remote(servers)
                 self._hosts.append(actor)
                 self._hosts_ready.append(actor.ready.remote())
 
@@ -330,9 +388,34 @@ class Scheduler:
                 finally:
                     _restore_handlers(handlers)
         finally:
+            if self._fetched is not None:
+                import shutil
+
+                shutil.rmtree(self._fetched, ignore_errors=True)
+                self._fetched = None
+            self.payloads.clear()
             if self.watchdog is not None:
                 self.watchdog.close()  # it ends what ray.shutdown left, if anything, and exits
                 self.watchdog = None
+
+    def export_folder(self, planned: str, made: str) -> Path:
+        """A folder on the driver's machine holding the export the plan calls `planned`: the
+        entry where its task `made` it on a local Ray (this machine), else a copy unpacked
+        from what the export task sent."""
+        packed = self.payloads.get(planned)
+        if packed is None:
+            return Path(made)
+        import tempfile
+
+        import ray
+
+        from tasks.transfer import localise
+
+        if self._fetched is None:
+            self._fetched = Path(tempfile.mkdtemp(prefix="phasesweep-exports-"))
+        folder = self._fetched / Path(planned).name
+        localise(folder, ray.get(packed))
+        return folder
 
     def _capacity(self) -> Capacity:
         import ray
@@ -343,7 +426,16 @@ class Scheduler:
     def submit(self, kind: str, key: str, spec: Any, request: Request) -> None:
         """Queue an export (key: its export key), a benchmark (key: the variant's name) or a
         capture (key: its capture key)."""
+        if kind == "bench" and self.ship:
+            self._readers[spec.export_dir] = self._readers.get(spec.export_dir, 0) + 1
         self.queue.append(_Task(kind, key, spec, request))
+
+    def _ended(self, task: _Task) -> None:
+        """A task ended for good: an export nothing will read any more leaves the object store."""
+        if task.kind == "bench" and self.ship:
+            left = self._readers[task.spec.export_dir] = self._readers[task.spec.export_dir] - 1
+            if left == 0:
+                self.payloads.pop(task.spec.export_dir, None)
 
     def _in_use(self, pool: str) -> int:
         return sum(1 for t in self.running.values() if t.request.pool == pool)
@@ -370,7 +462,14 @@ class Scheduler:
                 continue
             fn = self._remote[task.kind]
             options = {**task.request.options, "max_retries": 0}  # retries are ours: counted and recorded
-            task.ref = fn.options(**options).remote(task.spec, self.cluster.task_timeout_s, self.cluster.fork_server)
+            args = (task.spec, self.cluster.task_timeout_s, self.cluster.fork_server)
+            if task.kind == "export":
+                task.ref, task.payload = fn.options(**options, num_returns=2).remote(*args, self.ship)
+            elif task.kind == "bench":
+                packed = self.payloads.get(task.spec.export_dir) if self.ship else None
+                task.ref = fn.options(**options).remote(*args, packed)
+            else:
+                task.ref = fn.options(**options).remote(*args)
             task.attempts += 1
             task.started = time.monotonic()
             self.running[task.ref] = task
@@ -397,8 +496,12 @@ class Scheduler:
                         self.queue.appendleft(task)
                         yield "retry", f"{task.kind}:{task.key}", cause
                         continue
+                    self._ended(task)
                     yield task.kind, task.key, Failure(stage, cause, full)
                     continue
+                if task.kind == "export" and result.ok and self.ship:
+                    self.payloads[task.spec.out_dir] = task.payload
+                self._ended(task)
                 yield task.kind, task.key, result
             now = time.monotonic()
             limit = self.cluster.task_timeout_s + STARTUP_GRACE_S
@@ -408,5 +511,6 @@ class Scheduler:
                     del self.running[ref]
                     stage = STAGES[task.kind]
                     msg = f"timed out: no result {limit:g}s after it was handed to Ray (cluster.task_timeout_s + start-up)"
+                    self._ended(task)
                     yield task.kind, task.key, Failure(stage, msg)
             yield "tick", "", None

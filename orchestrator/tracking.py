@@ -138,6 +138,36 @@ def credentials_checked(uri: str) -> Iterator[None]:
         raise ConfigError(refused(uri, status)) from None
 
 
+RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in the driver of a submitted job (ray job submit)
+
+
+def check_outlives_job(cfg: TrackingCfg) -> None:
+    """A sweep submitted as a Ray job runs in a working directory Ray deletes after the job:
+    a store inside it (the default sqlite file and artifact folder) would lose every run.
+    Such a sweep must record to a tracking server, or to a store outside that directory."""
+    if RAY_JOB_ENV not in os.environ:
+        return
+    uri = resolve_uri(cfg)
+    if uri.startswith(("http://", "https://")):
+        return  # a server keeps runs and artifacts itself
+    job_dir = Path.cwd().resolve()
+    stores = {}  # key -> (as given, the folder or file it names), the runs' store first
+    for scheme in ("sqlite:///", "file://", ""):
+        if uri.startswith(scheme) and (scheme or "://" not in uri):
+            stores["tracking.uri"] = (cfg.uri, uri.removeprefix(scheme))
+            break
+    stores["tracking.artifact_root"] = (cfg.artifact_root, cfg.artifact_root or job_dir / "mlartifacts")
+    for key, (given, where) in stores.items():
+        path = Path(where).expanduser().resolve()
+        if path == job_dir or job_dir in path.parents:
+            said = f"{key}={given!r}" if given else f"{key} unset"
+            raise ConfigError(
+                f"{said} would keep this submitted sweep's runs in {path}, inside the Ray job's working "
+                "directory, which Ray deletes after the job; record to a tracking server (tracking=server "
+                "tracking.uri=http://HOST:5000, see scripts/mlflow_server.sh) or give a store outside it"
+            )
+
+
 def check_artifact_root(cfg: TrackingCfg) -> Path | None:
     """The local folder new experiments keep artifacts in must be writable."""
     if resolve_uri(cfg).startswith(("http://", "https://")):
@@ -218,6 +248,7 @@ class Tracker:
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         from mlflow.tracking import MlflowClient
 
+        check_outlives_job(cfg)
         self.uri = resolve_uri(cfg)
         check_reachable(self.uri)
         root = check_artifact_root(cfg)
@@ -303,6 +334,10 @@ class Tracker:
 
     def artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def artifact_uri(self, run_id: str) -> str:
+        """Where a run's artifacts are stored (runs:/ URIs do not reach across runs in the UI)."""
+        return self.client.get_run(run_id).info.artifact_uri
 
     def end(self, run_id: str, status: str) -> None:
         self.client.set_terminated(run_id, status=status)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Start or stop the Ray nodes of a phasesweep cluster.
 #
-#   scripts/cluster.sh head [NODE_IP] [--bench]  # on the head node (default IP: 127.0.0.1)
-#   scripts/cluster.sh worker HEAD_IP:6379       # on every other node
-#   scripts/cluster.sh stop                      # on any node
+#   scripts/cluster.sh head [NODE_IP] [--bench] [--cache DIR] [--num-cpus N] [--port P] [--dashboard-port P] [-- RAY START ARGS]
+#   scripts/cluster.sh worker HEAD_IP:PORT [--cache DIR] [--num-cpus N] [--node-ip IP] [-- RAY START ARGS]
+#   scripts/cluster.sh stop                      # on any node: every Ray node of this machine
 #
 # Every worker advertises one `phasesweep_bench` slot: phasesweep runs one CPU benchmark
 # per node at a time on it, holding all the node's CPUs. The head advertises none unless
@@ -11,33 +11,56 @@
 # which would share a benchmark's cores. A single-machine cluster needs --bench (the head is
 # its only node). Token auth is on (Ray 2.60): copy ~/.ray/auth_token from the head to each
 # worker and to every machine that submits jobs.
+#
+# --cache DIR is the node's own export cache (PHASESWEEP_NODE_CACHE, inherited by its
+# workers): no filesystem has to be shared; an export made on another node reaches this
+# one through Ray's object store, and is kept here for later sweeps. The drivers of
+# submitted jobs run on the head, with the head's environment: start it with the tracking
+# server's credentials in it (set -a; . .mlflow_server/credentials; set +a).
 set -euo pipefail
 export RAY_AUTH_MODE=token RAY_USAGE_STATS_ENABLED=0
 BENCH='{"phasesweep_bench": 1}'
-usage="usage: $0 head [NODE_IP] [--bench] | worker HEAD_IP:6379 | stop"
+usage="usage: $0 head [NODE_IP] [--bench] [--cache DIR] [--num-cpus N] [--port P] [--dashboard-port P] | worker HEAD_IP:PORT [--cache DIR] [--num-cpus N] [--node-ip IP] | stop"
 
-case "${1:-}" in
+cmd="${1:-}"
+[ $# -gt 0 ] && shift
+ip=127.0.0.1 head="" resources=() cpus=() port=6379 dash=8265 extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --) shift; extra=("$@"); break ;;  # the rest goes to `ray start` as it is
+    --bench) resources=(--resources="$BENCH"); shift ;;
+    --cache) mkdir -p "${2:?$usage}"; export PHASESWEEP_NODE_CACHE="$(cd "$2" && pwd)"; shift 2 ;;
+    --num-cpus) cpus=(--num-cpus="${2:?$usage}"); shift 2 ;;
+    --port) port="${2:?$usage}"; shift 2 ;;
+    --dashboard-port) dash="${2:?$usage}"; shift 2 ;;
+    --node-ip) ip="${2:?$usage}"; shift 2 ;;
+    -*) echo "$usage" >&2; exit 2 ;;
+    *) if [ "$cmd" = worker ] && [ -z "$head" ]; then head="$1"; else ip="$1"; fi; shift ;;
+  esac
+done
+
+case "$cmd" in
   head)
-    shift
-    ip=127.0.0.1
-    resources=()
-    for arg in "$@"; do
-      case "$arg" in
-        --bench) resources=(--resources="$BENCH") ;;
-        -*) echo "$usage" >&2; exit 2 ;;
-        *) ip="$arg" ;;
-      esac
-    done
-    # a single-machine cluster on 127.0.0.1 stays on loopback (Ray otherwise binds every interface)
+    # a cluster on 127.0.0.1 stays on loopback (Ray otherwise binds every interface)
     [ "$ip" = 127.0.0.1 ] && export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
-    ray start --head --node-ip-address="$ip" --port=6379 \
-      --dashboard-host="$ip" --dashboard-port=8265 "${resources[@]}"
+    ray get-auth-token --generate >/dev/null  # ~/.ray/auth_token, made once: the token every node and submitter needs
+    ray start --head --node-ip-address="$ip" --port="$port" \
+      --dashboard-host="$ip" --dashboard-port="$dash" "${resources[@]}" "${cpus[@]}" "${extra[@]}"
     [ ${#resources[@]} -gt 0 ] || echo "the head offers no benchmark slot: start workers, or restart it with --bench"
-    echo "submit with: scripts/submit.sh http://$ip:8265 -m model=llama,phi3 phase=prefill,decode"
+    echo "submit with: scripts/submit.sh http://$ip:$dash -m model=llama,phi3 phase=prefill,decode tracking=server tracking.uri=http://$ip:5000"
     ;;
   worker)
-    [ -n "${2:-}" ] || { echo "usage: $0 worker HEAD_IP:6379" >&2; exit 2; }
-    ray start --address="$2" --resources="$BENCH"
+    [ -n "$head" ] || { echo "$usage" >&2; exit 2; }
+    ray=(ray) own=()
+    if [ "$ip" = 127.0.0.1 ]; then
+      # a worker on the machine of a head at 127.0.0.1 (a one-machine cluster, for testing):
+      # `ray start` that keeps every address on loopback (scripts/ray_loopback.py), and a temp
+      # folder of its own (nodes sharing the head's would unpack each job's working directory
+      # over the one its driver runs in)
+      ray=("${PYTHON:-python}" "$(dirname "$0")/ray_loopback.py")
+      [[ " ${extra[*]} " == *" --temp-dir"* ]] || own=(--temp-dir="$(mktemp -d /tmp/ray-node-XXXXXX)")
+    fi
+    "${ray[@]}" start "${own[@]}" --address="$head" --node-ip-address="$ip" --resources="$BENCH" "${cpus[@]}" "${extra[@]}"
     ;;
   stop)
     ray stop

@@ -3,9 +3,11 @@
 #
 #   scripts/submit.sh http://HEAD_IP:8265 -m model=llama,phi3 phase=prefill,decode
 #
-# The driver runs on the cluster with cluster=ray (joins it with address=auto). Point
-# tracking at a server every node can reach (tracking=server tracking.uri=http://...),
-# and cluster.export_cache at a path all nodes share.
+# The driver runs on the cluster's head with cluster=ray (joins it with address=auto), in
+# a working directory Ray deletes after the job: it must record to a tracking server
+# (tracking=server tracking.uri=http://...; the sweep refuses to start otherwise). No
+# filesystem has to be shared: exports travel through Ray's object store, and each node
+# keeps them in its own cache (scripts/cluster.sh --cache DIR).
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 DASHBOARD_URL [sweep.py arguments...]" >&2; exit 2; }
 address="$1"; shift

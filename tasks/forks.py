@@ -183,30 +183,6 @@ def _connect(path: Path) -> Connection | None:
     return Connection(sock.detach())
 
 
-def _start(folder: Path, watch_pid: int, preload: tuple[str, ...]) -> None:
-    """Start the server (not in a session of its own: whoever ends this process tree ends it)."""
-    cmd = [sys.executable, "-m", "tasks.forks", str(folder), str(watch_pid), *preload]
-    root = Path(__file__).resolve().parent.parent  # this checkout's tasks/, also in a Ray job's working dir
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
-    log = (folder / "server.log").open("ab")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env, close_fds=True)
-    log.close()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-        if ready:
-            line = proc.stdout.readline()
-            if line.strip() == READY.encode():
-                proc.stdout.close()
-                return
-            if not line:  # it ended
-                break
-        if proc.poll() is not None:
-            break
-    proc.kill()
-    raise ForkServerError(f"the fork server in {folder} did not start (see {folder / 'server.log'})")
-
-
 def _folder(folder: str | Path) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -214,17 +190,65 @@ def _folder(folder: str | Path) -> Path:
     return folder
 
 
-def start(folder: str | Path, watch_pid: int, preload: tuple[str, ...]) -> None:
-    """Start the server of `folder` unless one listens there; return once it has imported
-    and listens. It ends when `watch_pid` (the process that keeps it: a long-lived one) ends."""
+class Starting:
+    """A server being started: its folder stays locked (clients that come wait for it)
+    until `wait()` has seen it ready, or failed."""
+
+    def __init__(self, folder: Path, lock: Any, watch_pid: int, preload: tuple[str, ...]):
+        self.folder, self.lock = folder, lock
+        # not in a session of its own: whoever ends this process tree ends it
+        cmd = [sys.executable, "-m", "tasks.forks", str(folder), str(watch_pid), *preload]
+        root = Path(__file__).resolve().parent.parent  # this checkout's tasks/, also in a Ray job's working dir
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+        with (folder / "server.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env, close_fds=True
+            )
+
+    def wait(self) -> None:
+        """Until the server has imported and listens; ForkServerError if it does not."""
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([self.proc.stdout], [], [], 1.0)
+                if ready:
+                    line = self.proc.stdout.readline()
+                    if line.strip() == READY.encode():
+                        self.proc.stdout.close()
+                        return
+                    if not line:  # it ended
+                        break
+                if self.proc.poll() is not None:
+                    break
+            self.proc.kill()
+            raise ForkServerError(f"the fork server in {self.folder} did not start (see {self.folder / 'server.log'})")
+        finally:
+            self.lock.close()  # frees the lock: waiting clients connect, or spawn
+
+
+def begin(folder: str | Path, watch_pid: int, preload: tuple[str, ...]) -> Starting | None:
+    """Start the server of `folder` unless one listens there (None then); `wait()` on what
+    this returns. It ends when `watch_pid` (the long-lived process that keeps it) ends."""
     folder = _folder(folder)
-    with (folder / LOCK).open("a") as lock:  # clients that come meanwhile wait for the start
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        conn = _connect(folder / SOCKET)
-        if conn is not None:
-            conn.close()
-            return
-        _start(folder, watch_pid, preload)
+    lock = (folder / LOCK).open("a")
+    fcntl.flock(lock, fcntl.LOCK_EX)  # clients that come meanwhile wait for the start
+    conn = _connect(folder / SOCKET)
+    if conn is not None:
+        conn.close()
+        lock.close()
+        return None
+    try:
+        return Starting(folder, lock, watch_pid, preload)
+    except BaseException:
+        lock.close()
+        raise
+
+
+def start(folder: str | Path, watch_pid: int, preload: tuple[str, ...]) -> None:
+    """begin() and wait(): return once the server of `folder` listens."""
+    starting = begin(folder, watch_pid, preload)
+    if starting is not None:
+        starting.wait()
 
 
 def connect(folder: str | Path) -> Connection:

@@ -273,17 +273,30 @@ def _death(exitcode: int | None) -> str:
     return f"exited with status {exitcode} before returning a result"
 
 
-def preload_modules(formats: Iterable[str], runtimes: Iterable[str]) -> tuple[str, ...]:
-    """What a fork server imports once for its children: torch, transformers' modelling
-    module of every family, and the PRELOAD of each export format and runtime named."""
+EXPORT_SERVER = "export"  # the role of the fork server exports are forked from; benchmarks': "bench-<runtime>"
+
+
+def fork_servers(formats: Iterable[str], runtimes: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """The fork servers (tasks/forks.py) a plan needs on each node, by role, each with what it
+    imports once: one for exports (torch, transformers' modelling module of every family, each
+    format's PRELOAD) and one per runtime for benchmarks (numpy and the runtime's PRELOAD
+    only: a benchmark's process holds the libraries a spawned one of that runtime would load,
+    so memory figures compare across runtimes)."""
     from tasks.export import format_module
     from tasks.families import FAMILIES
     from tasks.runtimes import runtime_module
 
-    names = ["torch", "transformers", *(f.rotary_module for f in FAMILIES.values())]
-    for module in [*map(format_module, sorted(set(formats))), *map(runtime_module, sorted(set(runtimes)))]:
-        names += getattr(module, "PRELOAD", ())
-    return tuple(dict.fromkeys(names))
+    export = ["torch", "transformers", *(f.rotary_module for f in FAMILIES.values())]
+    for name in sorted(set(formats)):
+        export += getattr(format_module(name), "PRELOAD", ())
+    servers = {EXPORT_SERVER: tuple(dict.fromkeys(export))}
+    for name in sorted(set(runtimes)):
+        servers[bench_server(name)] = tuple(dict.fromkeys(["numpy", *getattr(runtime_module(name), "PRELOAD", ())]))
+    return servers
+
+
+def bench_server(runtime: str) -> str:
+    return f"bench-{runtime}"
 
 
 def in_fresh_process(

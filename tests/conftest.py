@@ -42,6 +42,21 @@ def interruptible() -> None:
 CONF = ROOT / "conf"
 
 
+def in_session(sid: int) -> list[str]:
+    """Live processes of session `sid` ("pid comm"), from /proc/<pid>/stat (field 6): what a
+    test started in a session of its own left running (never the whole machine's)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # ended meanwhile
+            continue
+        comm, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+        if int(rest[3]) == sid and rest[0] not in ("Z", "X"):
+            found.append(f"{stat.parent.name} {comm}")
+    return found
+
+
 def model_spec(name: str, **changes) -> ModelSpec:
     """The tiny preset of conf/model/<name>.yaml as a ModelSpec."""
     cfg = yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text())

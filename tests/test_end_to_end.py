@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SHRINK, compose_jobs, interruptible
+from tests.conftest import ROOT, SHRINK, compose_jobs, in_session, interruptible
 
 pytestmark = pytest.mark.slow
 ORT = {f"{m}_{p}_onnxruntime_cpu" for m in ("llama", "phi3") for p in ("prefill", "decode")}
@@ -140,6 +140,20 @@ def check_child_tags(run, name):
     assert len(tags["git_commit"]) in (40, 7) or tags["git_commit"] == "unknown"
 
 
+def stored_model(client, run) -> str:
+    """The variant's model: stored once on its sweep's run, under exports/<entry>/, where the
+    variant's `model_artifact` tag points (the run holds no copy). Returns its file name."""
+    parent = run.data.tags["mlflow.parentRunId"]
+    uri = run.data.tags["model_artifact"]
+    prefix = client.get_run(parent).info.artifact_uri + "/"
+    assert uri.startswith(prefix), (uri, prefix)
+    path = uri.removeprefix(prefix)
+    folder, name = path.rsplit("/", 1)
+    assert folder.startswith("exports/") and path in {a.path for a in client.list_artifacts(parent, folder)}
+    assert not client.list_artifacts(run.info.run_id, "model")
+    return name
+
+
 def check_onnxruntime_child(client, run):
     """Everything an onnxruntime variant's run holds: params, metrics, tags, artifacts."""
     name = run.info.run_name
@@ -181,8 +195,8 @@ def check_onnxruntime_child(client, run):
     assert tags["env.cpu_count"] and tags["env.cpu_model"] and tags["env.version.onnxruntime"]
     assert m["parity_steps"] == (8 if phase_of(name) == "decode" else 1)
     files = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "latency_samples.json", "parity.json", "model", "anatomy.json", "anatomy_ops.json"} <= files
-    assert [a.path for a in client.list_artifacts(run.info.run_id, "model")] == ["model/model.onnx"]
+    assert {"config.yaml", "latency_samples.json", "parity.json", "anatomy.json", "anatomy_ops.json"} <= files
+    assert stored_model(client, run) == "model.onnx"
     check_anatomy(client, run)
     samples = artifact_json(client, run.info.run_id, "latency_samples.json")
     assert len(samples["samples"]) == m["iterations"] and samples["unit"] == "ns" and samples["variant"] == name
@@ -233,7 +247,7 @@ def test_each_benchmark_ran_in_a_fresh_process_of_its_own(inproc_runs):
 def test_executorch_through_the_whole_path(inproc_runs):
     client, _, kids = inproc_runs
     pte = kids["llama_decode_executorch_cpu"]
-    assert [a.path for a in client.list_artifacts(pte.info.run_id, "model")] == ["model/model.pte"]
+    assert stored_model(client, pte) == "model.pte"
     p = pte.data.params
     assert int(p["export.delegated_ops"]) > 0 and 0 < float(p["export.delegated_fraction"]) < 1
     assert p["export.delegate"] == "xnnpack" and p["runtime.xnnpack_threads"] == "1"
@@ -258,7 +272,7 @@ def test_compile_reports_compile_time_apart_from_latency(inproc_runs):
     assert p["runtime.compile_cold_cache"] == "False" and p["runtime.compile_dynamic_cache"] == "True"
     samples = artifact_json(client, compiled.info.run_id, "latency_samples.json")["samples"]
     assert max(samples) / 1e9 < m["compile_seconds"]  # no sample contains the compile
-    assert not client.list_artifacts(compiled.info.run_id, "model")  # no artifact: it runs the graph module
+    assert "model_artifact" not in compiled.data.tags  # no artifact: it runs the graph module
 
 
 def test_a_variant_needing_a_gpu_fails_at_once_without_one(inproc_runs, inproc):
@@ -293,21 +307,6 @@ def sweep(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedPr
     proc = sweep_process(cwd, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def in_session(sid: int) -> list[str]:
-    """Live processes of session `sid` ("pid comm"), from /proc/<pid>/stat (field 6)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # ended meanwhile
-            continue
-        comm, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
-        state, session = rest[0], int(rest[3])
-        if session == sid and state not in ("Z", "X"):
-            found.append(f"{stat.parent.name} {comm}")
-    return found
 
 
 @pytest.fixture(scope="module")

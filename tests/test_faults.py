@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SHRINK, interruptible
+from tests.conftest import ROOT, SHRINK, in_session, interruptible
 
 SPIN = ROOT / "tests" / "spin_backend"
 SPIN_GRID = ["model=llama", "phase=decode", "backend=spin", f"hydra.searchpath=[file://{SPIN / 'conf'}]", *SHRINK]
@@ -41,20 +41,6 @@ FAULTS = ("none", "raise", "hang", "exit", "segv", "oom")
 
 
 # -- a sweep in a session of its own ----------------------------------------------------
-
-
-def in_session(sid: int) -> list[str]:
-    """Live processes of session `sid` ("pid comm"), from /proc/<pid>/stat (field 6)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # ended meanwhile
-            continue
-        comm, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
-        if int(rest[3]) == sid and rest[0] not in ("Z", "X"):
-            found.append(f"{stat.parent.name} {comm}")
-    return found
 
 
 def parent_of(pid: int) -> int:

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from tasks import forks
-from tasks.jobs import in_fresh_process, preload_modules
+from tasks.jobs import EXPORT_SERVER, bench_server, fork_servers, in_fresh_process
 from tasks.specs import BenchResult
 
 HERE = Path(__file__).resolve().parent
@@ -158,10 +158,44 @@ def test_a_forked_benchmark_that_dies_fails_its_variant(server):
     assert late.failure.error == "timed out after 2s of its own run (cluster.task_timeout_s)"
 
 
-def test_the_preload_names_what_the_plan_runs():
-    ort = preload_modules({"onnx"}, {"onnxruntime"})
-    assert {"torch", "transformers", "onnxruntime", "torch.onnx"} <= set(ort)
-    assert not any(m.startswith("executorch") for m in ort)
-    everything = preload_modules({"onnx", "executorch", "none"}, {"onnxruntime", "executorch", "eager", "compile"})
-    assert {"executorch.runtime", "executorch.exir", "torch._dynamo"} <= set(everything)
-    assert len(everything) == len(set(everything))
+def test_each_runtime_has_a_server_of_its_own_importing_what_it_loads():
+    """Exports' server: torch, transformers, the formats' exporters. A benchmark's: its
+    runtime's libraries only, so an ONNX Runtime benchmark's memory holds no torch."""
+    servers = fork_servers({"onnx"}, {"onnxruntime"})
+    assert set(servers) == {EXPORT_SERVER, bench_server("onnxruntime")}
+    assert {"torch", "transformers", "torch.onnx", "onnxscript"} <= set(servers[EXPORT_SERVER])
+    assert not any(m.startswith("executorch") for m in servers[EXPORT_SERVER])
+    assert servers[bench_server("onnxruntime")] == ("numpy", "onnxruntime")
+    every = fork_servers({"onnx", "executorch", "none"}, {"onnxruntime", "executorch", "eager", "compile"})
+    assert {"executorch.exir", "torch.onnx"} <= set(every[EXPORT_SERVER])
+    assert "executorch.runtime" in every[bench_server("executorch")]
+    assert {"torch", "transformers"} <= set(every[bench_server("eager")])
+    assert "torch._dynamo" in every[bench_server("compile")] and "torch._dynamo" not in every[bench_server("eager")]
+    assert all(len(mods) == len(set(mods)) for mods in every.values())
+
+
+def test_a_server_being_started_makes_clients_wait_for_it(tmp_path, monkeypatch):
+    """A benchmark that comes while its runtime's server is still importing waits for it
+    rather than spawning: the server's import is held at a gate, and the client waits
+    until the gate opens and the server is ready."""
+    import threading
+
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PHASESWEEP_TEST_GATE", str(gate))
+    keeper = subprocess.Popen(["sleep", "600"])
+    try:
+        folder = tmp_path / "slow"
+        starting = forks.begin(folder, keeper.pid, ("fork_preload_gate",))
+        got: list = []
+        client = threading.Thread(target=lambda: got.append(forks.connect(folder)))
+        client.start()
+        client.join(0.5)
+        assert client.is_alive() and not got  # the gate is shut: it cannot have connected
+        gate.touch()
+        starting.wait()
+        client.join(60)
+        assert got and forks.run(got[0], whoami, None, 60)[1]["forked"]
+    finally:
+        keeper.kill()
+        keeper.wait()

@@ -39,7 +39,7 @@ def _window():
     import ray
 
     @ray.remote(max_calls=1)
-    def window(_spec, _timeout_s=None, _forks=None):
+    def window(_spec, _timeout_s=None, _forks=None, _packed=None):
         start = time.time()
         time.sleep(1.0)
         return start, time.time()

@@ -100,6 +100,9 @@ class FakeTracker:
         assert Path(path).is_file()
         self._open(run_id).artifacts.append((Path(path).name, artifact_path))
 
+    def artifact_uri(self, run_id):
+        return f"fake://{run_id}/artifacts"
+
     def end(self, run_id, status):
         self._open(run_id).status = status
 
@@ -138,7 +141,7 @@ class FakeScheduler:
         self.submitted: list[tuple[str, str, Any, Any]] = []
         self.queue: list[tuple[str, str, Any]] = []
         self.entered = self.exited = False
-        self.preload: tuple[str, ...] | None = None
+        self.servers: dict[str, tuple[str, ...]] | None = None
 
     def __enter__(self):
         self.entered = True
@@ -147,8 +150,11 @@ class FakeScheduler:
     def __exit__(self, *exc):
         self.exited = True
 
-    def start_fork_servers(self, preload):
-        self.preload = preload
+    def start_fork_servers(self, servers):
+        self.servers = servers
+
+    def export_folder(self, planned, made):
+        return Path(made)  # a local Ray: the entry where the export made it
 
     def submit(self, kind, key, spec, request):
         self.submitted.append((kind, key, spec, request))
@@ -312,7 +318,10 @@ def test_an_export_logs_shapes_and_model_and_queues_the_benchmark(sweep, plan, t
     assert child.metrics == {"export_seconds": 1.5, "artifact_mb": 0.5}
     assert child.params["shape.input_ids"] == "[2, 16]" and child.params["export.opset"] == "18"
     assert child.tags["export_cache_hit"] == "False" and child.tags["export_dir"] == str(tmp_path / "a")
-    assert child.artifacts == [("model.onnx", "model"), ("model.onnx.data", "model")]
+    assert child.artifacts == []  # the model is stored once, on the sweep's run
+    entry = f"exports/{Path(plan.exports[key_of(plan, A)].spec.out_dir).name}"
+    assert tracker.parent().artifacts == [("model.onnx", entry), ("model.onnx.data", entry)]
+    assert child.tags["model_artifact"] == f"fake://{run.parent}/artifacts/{entry}/model.onnx"
     assert run.outcomes[A].status == Status.RUNNING and run.outcomes[A].shapes == {"input_ids": [2, 16]}
     kind, key, spec, request = sched.submitted[-1]
     assert (kind, key) == ("bench", f"{A}#0") and spec is plan.variant(A).bench and request is plan.variant(A).request
@@ -333,6 +342,23 @@ def test_an_exports_anatomy_goes_to_its_variant_as_metrics_a_record_and_a_table(
     assert child.files["anatomy_ops.json"] == [{"op": "MatMul", "count": 3}, {"op": "Transpose", "count": 2}]
 
 
+def test_variants_sharing_an_export_reference_the_one_stored_model(tmp_path):
+    """The cpu and cuda variants of one ONNX file: it is stored once, both runs point at it."""
+    plan = plan_jobs(["phase=decode"], ["phase=decode", "device=cuda"], cap=capacity(gpus=1))
+    ((key, job),) = plan.exports.items()
+    assert len(job.variants) == 2
+    tracker = FakeTracker()
+    run = SweepRun(plan, tmp_path, tracker, FakeScheduler())
+    run.record_plan("cmd")
+    run.start()
+    run.on_export(key, export_ok(key, tmp_path / "a"))
+    assert [name for name, _ in tracker.parent().artifacts] == ["model.onnx", "model.onnx.data"]
+    tags = [tracker.by_name()[name].tags for name in job.variants]
+    assert all(not tracker.by_name()[name].artifacts for name in job.variants)
+    assert tags[0]["model_artifact"] == tags[1]["model_artifact"]
+    assert tags[0]["model_artifact"].endswith(f"/exports/{Path(job.spec.out_dir).name}/model.onnx")
+
+
 def test_a_model_larger_than_max_model_mb_is_named_not_copied(tmp_path):
     plan = plan_jobs([*JOBS[0], "tracking.max_model_mb=0.1"])
     tracker = FakeTracker()
@@ -341,7 +367,7 @@ def test_a_model_larger_than_max_model_mb_is_named_not_copied(tmp_path):
     run.start()
     run.on_export(key_of(plan, A), export_ok(key_of(plan, A), tmp_path / "a"))
     child = tracker.by_name()[A]
-    assert child.artifacts == []
+    assert child.artifacts == [] and tracker.parent().artifacts == []
     assert " MB > tracking.max_model_mb=0.1; the model is in " in child.tags["model_not_logged"]
     assert str(tmp_path / "a") in child.tags["model_not_logged"]
 
@@ -413,7 +439,8 @@ def test_benchmarks_end_finished_or_failed_and_the_summary_is_logged(sweep, plan
     rows = {r["variant"]: r for r in parent.files["summary.json"]}
     assert rows[A]["status"] == "ok" and rows[COMPILE]["status"].startswith("ok, unstable")
     assert rows[B]["status"].startswith("FAILED parity") and rows[SKIPPED]["status"].startswith("skipped")
-    assert parent.artifacts == [("latency.png", None)] and (tmp_path / "out" / "latency.png").is_file()
+    plots = [a for a in parent.artifacts if not a[1] or not a[1].startswith("exports/")]
+    assert plots == [("latency.png", None)] and (tmp_path / "out" / "latency.png").is_file()
     assert all(r.status != "RUNNING" for r in tracker.runs.values())
     by_job = {j: o.name for j, o in run.by_job().items()}
     assert by_job == dict(enumerate([A, B, EAGER, COMPILE, COMPILE_CUDA, SKIPPED]))
@@ -576,7 +603,7 @@ def test_run_sweep_runs_the_plan_and_returns_each_jobs_outcome(monkeypatch, tmp_
     plan = plan_jobs(JOBS[0], JOBS[1])
     exports = [("export", key_of(plan, A)), ("export", key_of(plan, B))]
     assert [s[:2] for s in sched.submitted] == [*exports, ("bench", f"{A}#0"), ("bench", f"{B}#0")]
-    assert sched.preload == plan.preload()  # each node's fork server imports what the plan runs
+    assert sched.servers == plan.fork_servers()  # each node's fork servers import what the plan runs
 
 
 def test_an_interrupt_mid_sweep_aborts_open_runs_and_stops_the_scheduler(monkeypatch, tmp_path):

@@ -11,6 +11,8 @@ driver reads its facts) and provides:
       -> (artifact name | None, details, anatomy | None)
                                writes tasks.description's `description` into the file and
                                returns its tasks.anatomy (None when there is no file)
+  PRELOAD: tuple[str, ...]     (optional) modules a node's fork server imports once for
+                               its exports (tasks/forks.py)
 """
 
 from __future__ import annotations

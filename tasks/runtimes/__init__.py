@@ -11,6 +11,8 @@ provides:
   load(spec, meta, feeds) -> Session   (the protocol in _base.py)
   PROFILER: str                (optional) the profiler its session's profile() uses:
                                bench.profile=true needs one (tasks/profiles.py)
+  PRELOAD: tuple[str, ...]     (optional) modules a node's fork server imports once for
+                               its benchmarks (tasks/forks.py)
 """
 
 from __future__ import annotations

@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from tasks.runtimes.eager import PRELOAD as EAGER_PRELOAD
 from tasks.runtimes.eager import TorchSession, build_module, set_threads
 from tasks.specs import PAST, BenchSpec, choice
 
 LIBRARIES = ("torch", "transformers")
-PRELOAD = ("torch._dynamo", "torch._inductor.config")  # what a fork server imports (tasks/forks.py)
+PRELOAD = (*EAGER_PRELOAD, "torch._dynamo", "torch._inductor.config")  # what a fork server imports (tasks/forks.py)
 MEMORY_FACTOR = 1.5
 # model dtypes it runs, by device: other combinations are skipped at plan time
 DTYPES = {"cpu": ("float32", "float16", "bfloat16"), "cuda": ("float32", "float16", "bfloat16")}

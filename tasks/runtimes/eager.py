@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tasks.families import FAMILIES
 from tasks.specs import BenchSpec
 
 if TYPE_CHECKING:
     import torch
 
 LIBRARIES = ("torch", "transformers")
+# what a fork server imports for its benchmarks (tasks/forks.py): what load() would import
+PRELOAD = ("torch", "transformers", *dict.fromkeys(f.rotary_module for f in FAMILIES.values()))
 MEMORY_FACTOR = 1.5
 # model dtypes it runs, by device: other combinations are skipped at plan time
 DTYPES = {"cpu": ("float32", "float16", "bfloat16"), "cuda": ("float32", "float16", "bfloat16")}

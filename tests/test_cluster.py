@@ -1,0 +1,314 @@
+"""phasesweep on a real Ray cluster of several nodes.
+
+- The placement rules on a multi-node cluster (ray.cluster_utils.Cluster, in this process):
+  cuda benchmarks only on GPU nodes, one CPU benchmark per node at a time, and CPU
+  benchmarks of two nodes side by side.
+- The README's cluster section as written, on this machine: the tracking server on
+  PostgreSQL with auth (scripts/mlflow_server.sh), a head and a worker started with
+  `ray start` (scripts/cluster.sh, token auth on), each node with its own export cache and no
+  shared one, and the mission's command submitted with `ray job submit` (scripts/submit.sh).
+  What arrived is read back through MLflow's REST API; every process the test started is
+  gone after the stop.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import FAST_OVERRIDES, ROOT, in_session
+from tests.test_tracking_server import credentials, free_port, rest
+
+pytestmark = pytest.mark.slow
+
+
+# -- placement on several nodes (ray.cluster_utils) ----------------------------------------
+
+
+def _where():
+    """A remote function that holds its slot half a second: (node id, start, end)."""
+    import ray
+
+    @ray.remote
+    def where(_spec, _timeout_s=None, _forks=None, _packed=None):
+        start = time.time()
+        time.sleep(0.5)
+        return ray.get_runtime_context().get_node_id(), start, time.time()
+
+    return where
+
+
+@pytest.fixture(scope="module")
+def three_nodes():
+    """Two CPU nodes with a bench slot each and a GPU node (its GPU declared, not real)."""
+    from orchestrator.placement import BENCH_RESOURCE
+    from orchestrator.scheduler import LOCAL_ENV
+
+    for key, value in LOCAL_ENV.items():
+        os.environ.setdefault(key, value)
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "resources": {BENCH_RESOURCE: 1}, "include_dashboard": False},
+    )
+    cpu2 = cluster.add_node(num_cpus=2, resources={BENCH_RESOURCE: 1})
+    gpu = cluster.add_node(num_cpus=1, num_gpus=1)
+    cluster.wait_for_nodes()
+    yield cluster, {"cpu": {cluster.head_node.node_id, cpu2.node_id}, "gpu": gpu.node_id}
+    cluster.shutdown()
+
+
+def test_benchmarks_land_where_the_placement_rules_say(three_nodes):
+    from orchestrator.config import ClusterCfg
+    from orchestrator.placement import bench_request
+    from orchestrator.scheduler import Scheduler
+
+    cluster, nodes = three_nodes
+    sched = Scheduler(ClusterCfg(address=cluster.address, fork_server=False))
+    sched.start()
+    try:
+        cap = sched.capacity
+        assert (cap.bench_slots, cap.cpus, cap.gpus, cap.total_cpus) == (2, 2, 1, 5)
+        cpu = bench_request(cap, "cpu", 1, {}, weight_bytes=0, memory_factor=1.5, max_retries=0)
+        cuda = bench_request(cap, "cuda", 1, {}, weight_bytes=0, memory_factor=1.5, max_retries=0)
+        for i in range(4):
+            sched.submit("bench", f"cpu{i}", SimpleNamespace(export_dir=f"e{i}"), cpu)
+        for i in range(2):
+            sched.submit("bench", f"cuda{i}", SimpleNamespace(export_dir=f"g{i}"), cuda)
+        sched._remote["bench"] = _where()
+        done = {key: result for kind, key, result in sched.results() if kind == "bench"}
+    finally:
+        sched.stop()
+    assert len(done) == 6
+    assert {done[f"cuda{i}"][0] for i in range(2)} == {nodes["gpu"]}  # cuda only where the GPU is
+    on = {}
+    for i in range(4):
+        node, start, end = done[f"cpu{i}"]
+        assert node in nodes["cpu"]  # never on the node without a bench slot
+        on.setdefault(node, []).append((start, end))
+    for spans in on.values():  # one CPU benchmark per node at a time
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), spans
+
+
+# -- the README's cluster section, on loopback ----------------------------------------------
+
+MISSION = ["-m", "model=llama,phi3", "phase=prefill,decode", "backend=onnxruntime,executorch", "device=cpu"]
+VARIANTS = {f"{m}_{p}_{b}_cpu" for m in ("llama", "phi3") for p in ("prefill", "decode") for b in ("onnxruntime", "executorch")}
+needs_postgres = pytest.mark.skipif(
+    not glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+    reason="needs Debian's postgresql package (apt-get install postgresql; .ci/run installs it)",
+)
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: float = 300, session: bool = False) -> subprocess.CompletedProcess:
+    """A script as a user runs it; `session`: in a session of its own (what it starts stays there)."""
+    return subprocess.run(
+        cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, start_new_session=session
+    )
+
+
+class LoopbackCluster:
+    """A tracking server and a two-node Ray cluster on 127.0.0.1, each node with its own export
+    cache, every process of it in sessions this test started (so it stops them, and only them:
+    `ray stop` would end every Ray of the machine, another test's too)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.sessions: list[int] = []
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING_", "RAY_"))}
+        path = f"{Path(sys.executable).parent}{os.pathsep}{clean.get('PATH', '')}"  # the venv's python and ray
+        self.env = {**clean, "PATH": path, "PYTHON": sys.executable, "HOME": str(folder / "home")}
+        (folder / "home").mkdir()
+        self.port, self.gcs, self.dashboard = free_port(), free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # where PostgreSQL's own user can reach it (pytest's folders are closed to other users)
+        self.server = Path(tempfile.mkdtemp(prefix="psw-cluster-server-", dir="/tmp"))
+        self.caches = {"head": folder / "cache-head", "worker": folder / "cache-worker"}
+        self.worker_tmp = Path(tempfile.mkdtemp(prefix="psw-node-", dir="/tmp"))
+
+    def script(self, *args: str, env=None, timeout: float = 300, session: bool = False):
+        return run(["bash", *args], {**self.env, **(env or {})}, timeout, session)
+
+    def start(self) -> None:
+        srv = self.script(
+            "scripts/mlflow_server.sh", "start", "--dir", str(self.server), "--port", str(self.port),
+            "--pg-port", str(free_port()), "--workers", "2",
+        )
+        assert srv.returncode == 0, srv.stdout + srv.stderr
+        self.creds = credentials(self.server)
+        # the head runs the submitted jobs' drivers, with its environment: the server's credentials in it
+        head = self.start_node(
+            "head", "--bench", "--port", str(self.gcs), "--dashboard-port", str(self.dashboard), env=self.creds
+        )
+        assert head.returncode == 0, head.stdout[-3000:] + head.stderr[-3000:]
+        worker = self.start_node("worker", f"127.0.0.1:{self.gcs}")
+        assert worker.returncode == 0, worker.stdout[-3000:] + worker.stderr[-3000:]
+
+    def start_node(self, kind: str, *args: str, env=None):
+        # in a session of its own, found by the pid of the script that leads it
+        ports = [f"--dashboard-agent-listen-port={free_port()}"]  # not Ray's fixed defaults: other Rays may run
+        if kind == "head":
+            ports.append(f"--ray-client-server-port={free_port()}")
+        else:  # a temp folder of its own, short enough for Ray's sockets, removed at the end
+            ports.append(f"--temp-dir={self.worker_tmp}")
+        proc = subprocess.Popen(
+            ["bash", "scripts/cluster.sh", kind, *args, "--cache", str(self.caches[kind]), "--num-cpus", "1", "--", *ports],
+            env={**self.env, **(env or {})},
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.sessions.append(proc.pid)
+        out, err = proc.communicate(timeout=300)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def submit(self, *sweep_args: str) -> subprocess.CompletedProcess:
+        return self.script("scripts/submit.sh", f"http://127.0.0.1:{self.dashboard}", *sweep_args, timeout=900)
+
+    def stop(self) -> list[str]:
+        """Stop the nodes (their sessions) and the server; what of them is still alive."""
+        for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+            for sid in self.sessions:
+                for line in in_session(sid):
+                    try:
+                        os.kill(int(line.split()[0]), sig)
+                    except ProcessLookupError:
+                        pass
+            deadline = time.monotonic() + grace
+            while any(in_session(s) for s in self.sessions) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        self.script("scripts/mlflow_server.sh", "stop", "--dir", str(self.server))
+        left = [p for s in self.sessions for p in in_session(s)]
+        return left
+
+    def api(self, path: str, body: dict | None = None):
+        status, data = rest(self.url, path, self.creds["MLFLOW_TRACKING_USERNAME"], self.creds["MLFLOW_TRACKING_PASSWORD"], body)
+        assert status == 200, (path, status, data)
+        return data
+
+
+def server_processes(folder: Path) -> list[str]:
+    """The tracking server's processes (MLflow and PostgreSQL), by the folder they were given."""
+    out = subprocess.run(["pgrep", "-af", str(folder)], capture_output=True, text=True).stdout.splitlines()
+    return [ln for ln in out if "pgrep" not in ln]
+
+
+@pytest.fixture(scope="module")
+def submitted(tmp_path_factory):
+    """The mission's command submitted to the loopback cluster: (cluster, job's output, REST
+    view of its runs, what outlived the stop, server processes left)."""
+    folder = tmp_path_factory.mktemp("cluster")
+    cluster = LoopbackCluster(folder)
+    try:
+        cluster.start()
+        job = cluster.submit(*MISSION, *FAST_OVERRIDES, "tracking=server", f"tracking.uri={cluster.url}")
+        refused = cluster.submit("-m", "model=llama", "phase=decode", *FAST_OVERRIDES)  # no server: refused
+        experiments = cluster.api("/api/2.0/mlflow/experiments/search", {"max_results": 100})["experiments"]
+        ids = [e["experiment_id"] for e in experiments]
+        runs = cluster.api("/api/2.0/mlflow/runs/search", {"experiment_ids": ids, "max_results": 1000}).get("runs", [])
+        listing = {}
+        for r in runs:
+            run_id = r["info"]["run_id"]
+            for path in ("", "exports"):
+                query = urllib.parse.urlencode({"run_id": run_id, "path": path})
+                listing[(run_id, path)] = cluster.api(f"/api/2.0/mlflow/artifacts/list?{query}").get("files", [])
+            for f in listing[(run_id, "exports")]:
+                query = urllib.parse.urlencode({"run_id": run_id, "path": f["path"]})
+                listing[(run_id, f["path"])] = cluster.api(f"/api/2.0/mlflow/artifacts/list?{query}").get("files", [])
+    finally:
+        left = cluster.stop()
+    yield cluster, job, refused, runs, listing, left, server_processes(cluster.server)
+    shutil.rmtree(cluster.server, ignore_errors=True)
+    shutil.rmtree(cluster.worker_tmp, ignore_errors=True)
+
+
+def fields(run: dict, part: str) -> dict[str, str]:
+    return {x["key"]: x["value"] for x in run["data"].get(part, [])}
+
+
+@needs_postgres
+def test_the_submitted_mission_records_every_variant_on_the_server(submitted):
+    _, job, _, runs, listing, _, _ = submitted
+    assert job.returncode == 0, job.stdout[-6000:] + job.stderr[-3000:]
+    assert "succeeded" in job.stdout + job.stderr
+    variants = {r["info"]["run_name"]: r for r in runs if fields(r, "tags").get("phasesweep.role") == "variant"}
+    assert set(variants) == VARIANTS
+    (parent,) = [r for r in runs if fields(r, "tags").get("phasesweep.role") == "sweep"]
+    assert parent["info"]["status"] == "FINISHED" and fields(parent, "tags")["status"] == "ok"
+    stored = {f["path"] for key, files in listing.items() if key[0] == parent["info"]["run_id"] for f in files}
+    for name, r in variants.items():
+        tags, metrics = fields(r, "tags"), {m["key"]: m["value"] for m in r["data"]["metrics"]}
+        assert r["info"]["status"] == "FINISHED" and tags["status"] == "ok", (name, tags.get("error"))
+        assert metrics["latency_ms_median"] > 0 and metrics["parity_max_abs_diff"] < 1e-4
+        files = {f["path"] for f in listing[(r["info"]["run_id"], "")]}
+        assert {"latency_samples.json", "parity.json", "config.yaml", "anatomy.json"} <= files, (name, files)
+        model = tags["model_artifact"]  # stored once on the sweep's run, which this run points at
+        assert model.split("/artifacts/", 1)[1] in stored, (model, stored)
+
+
+@needs_postgres
+def test_benchmarks_ran_on_both_nodes_and_exports_crossed_between_them(submitted):
+    cluster, _, _, runs, _, _, _ = submitted
+    variants = [r for r in runs if fields(r, "tags").get("phasesweep.role") == "variant"]
+    params = [fields(r, "params") for r in variants]
+    bench_nodes = {p["runtime.ray_node"] for p in params}
+    assert len(bench_nodes) == 2, bench_nodes  # each node ran benchmarks
+    crossed = [p for p in params if p["export.ray_node"] != p["runtime.ray_node"]]
+    assert crossed, "no export was benchmarked on another node than the one that made it"
+    assert all(p["runtime.export_source"] == "fetched" for p in crossed)  # no shared folder: it travelled
+    assert all(p["runtime.process_start"] == "forked" for p in params)
+    # each node kept what it made or fetched in its own cache, which no other node reads
+    held = {kind: {e.name for e in folder.iterdir() if not e.name.startswith(".")} for kind, folder in cluster.caches.items()}
+    assert held["head"] and held["worker"] and held["head"] != held["worker"], held
+
+
+@needs_postgres
+def test_a_submitted_sweep_without_a_server_is_refused_before_any_work(submitted):
+    _, _, refused, runs, _, _, _ = submitted
+    assert refused.returncode != 0
+    out = refused.stdout + refused.stderr
+    assert "tracking.uri unset would keep this submitted sweep's runs in" in out, out[-3000:]
+    assert "inside the Ray job's working directory, which Ray deletes after the job" in out
+    assert len([r for r in runs if fields(r, "tags").get("phasesweep.role") == "sweep"]) == 1  # nothing more recorded
+
+
+@needs_postgres
+def test_nothing_the_cluster_test_started_is_left_running(submitted):
+    *_, left, server = submitted
+    assert left == [], f"Ray processes outlived the stop: {left}"
+    assert server == [], f"tracking server processes outlived the stop: {server}"
+
+
+def test_a_job_refuses_a_store_inside_its_working_directory(tmp_path, monkeypatch):
+    """The check itself (orchestrator.tracking.check_outlives_job), each store it guards."""
+    from orchestrator.config import TrackingCfg
+    from orchestrator.tracking import RAY_JOB_ENV, check_outlives_job
+    from tasks.specs import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    check_outlives_job(TrackingCfg())  # not a Ray job: the local default is right
+    monkeypatch.setenv(RAY_JOB_ENV, json.dumps({"runtime_env": {}}))
+    with pytest.raises(ConfigError, match=r"tracking.uri unset would keep"):
+        check_outlives_job(TrackingCfg())
+    with pytest.raises(ConfigError, match=r"tracking.uri='sqlite:///runs.db' would keep"):
+        check_outlives_job(TrackingCfg(uri="sqlite:///runs.db", artifact_root=str(tmp_path.parent / "a")))
+    with pytest.raises(ConfigError, match=r"tracking.artifact_root='art' would keep"):
+        check_outlives_job(TrackingCfg(uri=f"sqlite:///{tmp_path.parent / 'm.db'}", artifact_root="art"))
+    check_outlives_job(TrackingCfg(uri=f"sqlite:///{tmp_path.parent / 'm.db'}", artifact_root=str(tmp_path.parent / "a")))
+    check_outlives_job(TrackingCfg(uri="http://127.0.0.1:5000"))
