@@ -143,7 +143,7 @@ def _bench_entry(spec, timeout_s, forks, packed=None):
     return result
 
 
-def _capture_entry(spec, timeout_s, forks, _packed=None):
+def _capture_entry(spec, timeout_s, _forks):
     from tasks.phases.captured import capture_in_fresh_process  # the application runs in the worker's child
 
     return capture_in_fresh_process(spec, timeout_s)  # spawned: the application's imports are its own
@@ -356,7 +356,8 @@ class Scheduler:
                 self._hosts_ready.append(actor.ready.remote())
 
     def _await_forks(self) -> None:
-        """Once, before the first task: every node's fork server is ready, or its tasks spawn."""
+        """Once, before the first task: every node's export server is ready (or failed: its
+        tasks spawn their processes)."""
         import ray
 
         pending, self._hosts_ready = self._hosts_ready, []
@@ -369,7 +370,11 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 - its node's tasks spawn their processes instead
                 log.warning("a fork server did not start (%s); that node's tasks spawn their processes", root_cause(e)[0])
         if late:
-            log.warning("%d fork server(s) not ready after %gs; their nodes' tasks spawn until they are", len(late), FORK_SERVER_START_S)
+            log.warning(
+                "%d node(s)' fork servers not ready after %gs; their tasks wait for them, or spawn where none started",
+                len(late),
+                FORK_SERVER_START_S,
+            )
 
     def stop(self) -> None:
         import signal

@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator.config import ConfigError, TrackingCfg
 from orchestrator.signals import Deferring
+from tasks.machine import alive
 
 MAX_PARAMS, MAX_METRICS, MAX_TAG = 100, 1000, 5000  # MLflow's per-batch and per-value limits
 
@@ -307,7 +308,7 @@ class Tracker:
             if not pid or not where:
                 continue
             beat = beats.get(tags.get("mlflow.parentRunId", run.info.run_id), 0.0)
-            if where == host and pid.isdigit() and not _alive(int(pid)):
+            if where == host and pid.isdigit() and not alive(int(pid)):
                 out.append((run, f"its driver (pid {pid} on {where}) is gone"))
             elif where != host and beat and now - beat > heartbeat_timeout_s:
                 out.append((run, f"its driver on {where} sent no heartbeat for {now - beat:.0f}s"))
@@ -379,11 +380,3 @@ class Tracker:
             self.log_text(run_id, traceback, "error.txt")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -42,6 +42,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from tasks.machine import alive
+
 SOCKET = "forks.sock"
 LOCK = "forks.lock"
 READY = "ready"  # the line the server prints once it has imported and listens
@@ -73,16 +75,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _child(conn: Connection, job: bytes, listener: socket.socket, others: Iterable[Connection]) -> None:
@@ -127,6 +119,7 @@ def serve(folder: Path, watch_pid: int | None, preload: Iterable[str], idle_s: f
     os.dup2(2, 1)  # the starter stops reading: the children's prints go to the log
     children: dict[int, Connection] = {}  # pid -> its client's connection
     last = time.monotonic()
+    kept_by_parent = watch_pid is not None and os.getppid() == watch_pid  # re-parented the moment it ends
     try:
         while True:
             fds = [listener, *children.values()]
@@ -156,7 +149,7 @@ def serve(folder: Path, watch_pid: int | None, preload: Iterable[str], idle_s: f
                     _child(conn, job, listener, children.values())
                 conn.send(("pid", pid))
                 children[pid] = conn
-            if watch_pid is not None and not _alive(watch_pid):
+            if watch_pid is not None and ((kept_by_parent and os.getppid() != watch_pid) or not alive(watch_pid)):
                 break
             if not children and time.monotonic() - last > idle_s:
                 break
@@ -266,8 +259,9 @@ def connect(folder: str | Path) -> Connection:
 
 
 def run(conn: Connection, fn: Callable[[Any], Any], spec: Any, timeout_s: float | None) -> tuple[str, Any]:
-    """fn(spec) in a child forked for it: ("result", value), ("died", exit code) or
-    ("timeout", None) (the child is killed). `timeout_s` counts from the fork."""
+    """fn(spec) in a child forked for it: ("result", value), ("died", exit code),
+    ("timeout", None) (the child is killed) or ("lost", None) (the server went away).
+    `timeout_s` counts from the fork."""
     try:
         conn.send((fn, spec))
         kind, pid = conn.recv()
@@ -276,8 +270,8 @@ def run(conn: Connection, fn: Callable[[Any], Any], spec: Any, timeout_s: float 
             return "timeout", None
         kind, value = conn.recv()
         return ("result", value) if kind == "result" else ("died", value)
-    except EOFError:
-        return "died", None
+    except EOFError:  # the server went away (its server.log says why) and its children with it
+        return "lost", None
     finally:
         conn.close()
 

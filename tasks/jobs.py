@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks.machine import alive
 from tasks.specs import BenchResult, BenchSpec, CaptureResult, CaptureSpec, ExportResult, ExportSpec, Failure
 
 META = "meta.json"
@@ -91,18 +92,8 @@ def _clean_dead_temporaries(parent: Path, name: str) -> None:
     host = socket.gethostname()
     for tmp in parent.glob(f".{name}.*"):
         parts = tmp.name.split(".")  # "", name, host, pid, random
-        if len(parts) >= 5 and parts[-3] == host and parts[-2].isdigit() and not _alive(int(parts[-2])):
+        if len(parts) >= 5 and parts[-3] == host and parts[-2].isdigit() and not alive(int(parts[-2])):
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def export_job(spec: ExportSpec) -> ExportResult:
@@ -353,6 +344,8 @@ def _ended(spec: Any, stage: str, timeout_s: float | None, kind: str, value: Any
         return value
     if kind == "timeout":
         return _failed(spec, Failure(stage, f"timed out after {timeout_s:g}s of its own run (cluster.task_timeout_s)"))
+    if kind == "lost":
+        return _failed(spec, Failure(stage, f"the fork server of the {stage} process ended before its result came"))
     return _failed(spec, Failure(stage, f"the {stage} process died: {_death(value)}"))
 
 

@@ -40,6 +40,22 @@ UNKNOWN = "unknown"
 _ALLOWED: tuple[int, ...] | None = None  # the process's cores before pin() narrowed them
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` of this machine still runs (one of another user's counts; a
+    zombie, ended but not yet reaped by its parent, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2] not in "ZX"
+    except (OSError, ValueError, IndexError):  # no /proc (not Linux), or it ended meanwhile
+        return True
+
+
 # -- cores ------------------------------------------------------------------------------
 
 

@@ -69,9 +69,11 @@ def server(tmp_path, monkeypatch):
 
 
 def server_pid(folder: Path) -> int:
-    out = subprocess.run(["pgrep", "-f", f"tasks.forks {folder} "], capture_output=True, text=True).stdout.split()
-    assert len(out) == 1, out
-    return int(out[0])
+    """The server of `folder`: started by this process (its children carry the same command line)."""
+    out = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", f"tasks.forks {folder} "], capture_output=True, text=True)
+    pids = out.stdout.split()
+    assert len(pids) == 1, pids
+    return int(pids[0])
 
 
 def test_each_job_runs_in_a_child_forked_for_it_alone(server):
@@ -199,3 +201,21 @@ def test_a_server_being_started_makes_clients_wait_for_it(tmp_path, monkeypatch)
     finally:
         keeper.kill()
         keeper.wait()
+
+
+def kill_the_server(spec):
+    Path(spec.marker).write_text(str(os.getpid()))
+    os.kill(os.getppid(), signal.SIGKILL)  # the server that forked this child
+    time.sleep(600)
+
+
+def test_a_server_that_goes_away_mid_job_fails_the_job_saying_so(server, tmp_path):
+    """The server killed while its child runs: the child goes with it (PR_SET_PDEATHSIG) and
+    the variant fails naming the server, not a bare end of file."""
+    folder, _ = server
+    marker = tmp_path / "pid"
+    spec = SimpleNamespace(variant="v", marker=str(marker))
+    result = in_fresh_process(kill_the_server, spec, 60, "benchmark", str(folder))
+    assert isinstance(result, BenchResult) and not result.ok
+    assert result.failure.error == "the fork server of the benchmark process ended before its result came"
+    assert gone(int(marker.read_text()))
