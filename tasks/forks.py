@@ -18,7 +18,9 @@ then spawns its child as before). Stdlib only at import: the heavy modules are i
 in the server.
 
 Protocol, one connection per task (multiprocessing's framing over a Unix socket in a
-folder only this user can enter): the client sends (fn, spec) pickled; the server reads the
+folder only this user can enter): the client sends (fn, spec, its environment) pickled (the
+child takes the environment on: a Ray task's CUDA_VISIBLE_DEVICES is the GPU Ray granted
+it); the server reads the
 bytes, forks (the child unpickles and runs them) and answers
 ("pid", pid); the child sends ("result", result) and exits; the server reaps it and sends
 ("exit", status). A client that goes away (its Ray task cancelled, its worker killed)
@@ -94,7 +96,11 @@ def _child(conn: Connection, job: bytes, listener: socket.socket, others: Iterab
             np.random.seed(int.from_bytes(os.urandom(4), "little"))  # as a spawned process draws its own
         except ImportError:
             pass
-        fn, spec = pickle.loads(job)  # unpickled here: the server never runs a job's code
+        fn, spec, env = pickle.loads(job)  # unpickled here: the server never runs a job's code
+        # the asking process's environment, as a spawned child would have inherited it: Ray sets
+        # some per task (CUDA_VISIBLE_DEVICES of the GPU it granted, OMP_NUM_THREADS, ...)
+        os.environ.clear()
+        os.environ.update(env)
         conn.send(("result", fn(spec)))  # the jobs return failures as results; they do not raise
         conn.close()
         code = 0
@@ -263,7 +269,7 @@ def run(conn: Connection, fn: Callable[[Any], Any], spec: Any, timeout_s: float 
     ("timeout", None) (the child is killed) or ("lost", None) (the server went away).
     `timeout_s` counts from the fork."""
     try:
-        conn.send((fn, spec))
+        conn.send((fn, spec, dict(os.environ)))
         kind, pid = conn.recv()
         if not conn.poll(timeout_s):
             os.kill(pid, signal.SIGKILL)

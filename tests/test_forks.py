@@ -23,7 +23,13 @@ HERE = Path(__file__).resolve().parent
 
 
 def whoami(_):
-    return {"pid": os.getpid(), "parent": os.getppid(), "forked": forks.FORKED, "modules": "json" in sys.modules}
+    return {
+        "pid": os.getpid(),
+        "parent": os.getppid(),
+        "forked": forks.FORKED,
+        "modules": "json" in sys.modules,
+        "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
 
 
 def exit_with(code):
@@ -88,6 +94,16 @@ def test_each_job_runs_in_a_child_forked_for_it_alone(server):
     assert not forks.FORKED  # this process was not forked by a server
 
 
+def test_a_child_runs_in_the_environment_of_the_process_that_asked(server, monkeypatch):
+    """Ray sets CUDA_VISIBLE_DEVICES (the GPU it granted), OMP_NUM_THREADS, ... per task: the
+    child sees the asking task's environment, not the server's."""
+    folder, _ = server
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert forks.run(forks.connect(folder), whoami, None, 60)[1]["gpus"] == "3"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert forks.run(forks.connect(folder), whoami, None, 60)[1]["gpus"] is None
+
+
 def test_a_child_that_dies_is_reported_with_how_it_ended(server):
     folder, _ = server
     assert forks.run(forks.connect(folder), exit_with, 3, 60) == ("died", 3)
@@ -106,7 +122,7 @@ def test_a_client_that_goes_away_takes_its_child_with_it(server, tmp_path):
     folder, _ = server
     marker = tmp_path / "pid"
     conn = forks.connect(folder)
-    conn.send((write_pid_and_sleep, str(marker)))
+    conn.send((write_pid_and_sleep, str(marker), dict(os.environ)))
     kind, pid = conn.recv()
     assert kind == "pid"
     deadline = time.monotonic() + 30
