@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -60,13 +61,17 @@ def _fork_folder(enabled: bool, role: str) -> str | None:
     imported; one for exports and one per runtime (tasks/jobs.fork_servers)."""
     if not enabled:
         return None
-    import tempfile
-
     import ray
 
     ctx = ray.get_runtime_context()
-    node = ctx.get_node_id()[:16]
-    return str(Path(tempfile.gettempdir()) / f"phasesweep-forks-{os.getuid()}" / f"{ctx.get_job_id()}-{node}" / role)
+    return str(_fork_base(ctx.get_job_id(), ctx.get_node_id()) / role)
+
+
+def _fork_base(job_id: str, node_id: str) -> Path:
+    """Where a node's fork servers of a Ray job keep their sockets and logs."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"phasesweep-forks-{os.getuid()}" / f"{job_id}-{node_id[:16]}"
 
 
 class _ForkServerHost:
@@ -289,6 +294,10 @@ class Scheduler:
         self.payloads: dict[str, Any] = {}  # export cache entry (as planned) -> its packed entry's ref
         self._readers: dict[str, int] = {}  # export cache entry -> benchmarks queued or running on it
         self._fetched: Path | None = None  # where the driver unpacks what it logs
+        self._hosts: list[Any] = []  # the fork server host actors (tasks/forks.py), one per node
+        self._hosts_ready: list[Any] = []
+        self._nodes: list[str] = []  # ids of the nodes given fork servers
+        self._job_id = ""
 
     # -- lifecycle -------------------------------------------------------------------
     def __enter__(self) -> Scheduler:
@@ -335,8 +344,6 @@ class Scheduler:
             "capture": ray.remote(max_calls=1)(_capture_entry),
         }
         self.capacity = self._capacity()
-        self._hosts: list[Any] = []
-        self._hosts_ready: list[Any] = []
 
     def start_fork_servers(self, servers: dict[str, tuple[str, ...]]) -> None:
         """The fork servers (tasks/forks.py) on every alive node, `servers` (role -> what it
@@ -348,8 +355,10 @@ class Scheduler:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         host = ray.remote(num_cpus=0, max_restarts=0)(_ForkServerHost)
+        self._job_id = ray.get_runtime_context().get_job_id()
         for node in ray.nodes():
             if node.get("Alive"):
+                self._nodes.append(node["NodeID"])
                 where = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
                 actor = host.options(scheduling_strategy=where).remote(servers)
                 self._hosts.append(actor)
@@ -381,6 +390,9 @@ class Scheduler:
 
         import ray
 
+        # the fork servers' folders on this machine (a local Ray's, or a node's beside the
+        # driver): Ray ends the servers with their actors, before they could remove them
+        folders = [_fork_base(self._job_id, n) for n in self._nodes] if self._hosts else []
         try:
             if self.owned and ray.is_initialized():
                 # Ray's shutdown resets SIGTERM's action at the OS level to the default (die at
@@ -393,9 +405,9 @@ class Scheduler:
                 finally:
                     _restore_handlers(handlers)
         finally:
+            for folder in folders:
+                shutil.rmtree(folder, ignore_errors=True)
             if self._fetched is not None:
-                import shutil
-
                 shutil.rmtree(self._fetched, ignore_errors=True)
                 self._fetched = None
             self.payloads.clear()

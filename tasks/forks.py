@@ -34,6 +34,7 @@ import importlib
 import os
 import pickle
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -167,6 +168,12 @@ def serve(folder: Path, watch_pid: int | None, preload: Iterable[str], idle_s: f
                 pass
         listener.close()
         path.unlink(missing_ok=True)
+    # ended as it should: its folder goes (a server that crashed leaves its server.log)
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        folder.parent.rmdir()  # the node's and job's folder, once its last server is gone
+    except OSError:
+        pass
 
 
 # -- the client ------------------------------------------------------------------------------

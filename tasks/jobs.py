@@ -293,7 +293,7 @@ def bench_server(runtime: str) -> str:
 def in_fresh_process(
     fn: Callable[[Any], Any], spec: Any, timeout_s: float | None, stage: str, forks: str | None = None
 ) -> Any:
-    """fn(spec) in a process of its own (nothing inherited, nothing run before).
+    """fn(spec) in a process of its own, in which nothing ran before it.
 
     - a process of its own: a Ray worker that ran an export may be handed a benchmark next;
       in a child of its own the benchmark's memory, threads and caches are its own;
