@@ -45,7 +45,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from tasks.machine import alive
+from tasks.machine import alive, die_with_parent
 
 SOCKET = "forks.sock"
 LOCK = "forks.lock"
@@ -71,15 +71,6 @@ def _preload(modules: Iterable[str]) -> None:
             pass
 
 
-def _die_with_parent() -> None:
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def _child(conn: Connection, job: bytes, listener: socket.socket, others: Iterable[Connection]) -> None:
     """In the forked child: nothing of the server but its imports, then the job."""
     global FORKED
@@ -88,7 +79,7 @@ def _child(conn: Connection, job: bytes, listener: socket.socket, others: Iterab
         listener.close()
         for c in others:
             c.close()
-        _die_with_parent()  # the server ends: so does its child
+        die_with_parent()  # the server ends: so does its child
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         try:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.machine import alive
+from tasks.machine import alive, die_with_parent
 from tasks.specs import BenchResult, BenchSpec, CaptureResult, CaptureSpec, ExportResult, ExportSpec, Failure
 
 META = "meta.json"
@@ -238,19 +238,8 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def _die_with_parent() -> None:
-    """In the benchmark's own process: end when the worker that started it ends."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def _child_main(conn: Any, fn: Callable[[Any], Any], spec: Any) -> None:
-    _die_with_parent()
+    die_with_parent()  # the worker that started it ends: so does it
     conn.send(fn(spec))  # the jobs return failures as results; they do not raise
     conn.close()
 

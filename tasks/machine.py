@@ -40,6 +40,17 @@ UNKNOWN = "unknown"
 _ALLOWED: tuple[int, ...] | None = None  # the process's cores before pin() narrowed them
 
 
+def die_with_parent() -> None:
+    """In a child process: be killed when the process that started it ends (Linux)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def alive(pid: int) -> bool:
     """Whether process `pid` of this machine still runs (one of another user's counts; a
     zombie, ended but not yet reaped by its parent, does not)."""

@@ -194,8 +194,7 @@ class LoopbackCluster:
             while any(in_session(s) for s in self.sessions) and time.monotonic() < deadline:
                 time.sleep(0.2)
         self.script("scripts/mlflow_server.sh", "stop", "--dir", str(self.server))
-        left = [p for s in self.sessions for p in in_session(s)]
-        return left
+        return [p for s in self.sessions for p in in_session(s)]
 
     def api(self, path: str, body: dict | None = None):
         status, data = rest(self.url, path, self.creds["MLFLOW_TRACKING_USERNAME"], self.creds["MLFLOW_TRACKING_PASSWORD"], body)
