@@ -161,13 +161,17 @@ def median_ci_ranks(n: int, confidence: float = CONFIDENCE) -> tuple[int, int] |
     """0-based ranks (lo, hi) into n sorted samples of the distribution-free confidence
     interval of the median: [x_(l), x_(n-l+1)] (1-based) with the largest l such that
     P(B <= l-1) <= (1 - confidence) / 2 for B ~ Binomial(n, 1/2), so its coverage is at
-    least `confidence` whatever the distribution. None when no such l exists (n < 6 at 95%)."""
-    from scipy.stats import binom
+    least `confidence` whatever the distribution. None when no such l exists (n < 6 at 95%).
 
+    The binomial's lower tail is summed exactly here, in numpy (log C(n, i) as a running sum
+    of log((n-i+1)/i)), not by scipy.stats: importing scipy.stats takes about a second, and a
+    benchmark's process would pay it inside its timed window (tests/test_bench.py checks the
+    ranks against scipy's)."""
     q = (1 - confidence) / 2
-    k = int(binom.ppf(q, n, 0.5))  # the smallest k with P(B <= k) >= q
-    if binom.cdf(k, n, 0.5) <= q:
-        k += 1
+    i = np.arange(1, n // 2 + 1, dtype=np.float64)  # P(B <= n//2) >= 1/2 > q: the tail ends there
+    log_pmf = np.concatenate(([0.0], np.cumsum(np.log(n - i + 1) - np.log(i)))) - n * np.log(2.0)
+    cdf = np.cumsum(np.exp(log_pmf))
+    k = int(np.searchsorted(cdf, q, side="right"))  # the smallest k with P(B <= k) > q
     if k < 1:
         return None
     return k - 1, n - k

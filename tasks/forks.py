@@ -54,10 +54,26 @@ IDLE_S = 600.0  # a server without a task this long ends (a job on a cluster tha
 START_TIMEOUT_S = 180.0  # imports on a busy node
 POLL_S = 0.5
 FORKED = False  # True in a child of a fork server (a benchmark records how its process started)
+_AT_FORK: frozenset[str] | None = None  # in a forked child: the modules it was forked with
+OWN_PACKAGES = frozenset({"tasks", "orchestrator", "hydra_plugins"})
 
 
 class ForkServerError(RuntimeError):
     """The fork server could not be started or reached (the caller may spawn instead)."""
+
+
+def imported_since_fork() -> tuple[str, ...] | None:
+    """The libraries this forked child imported first after its fork, by top-level package
+    (the standard library's and this project's left out; a submodule of a library already
+    imported is not one): what its server's preload missed, paid for inside the job (a
+    benchmark records them: `runtime.imports_after_fork`). None in a process no fork server
+    made."""
+    if _AT_FORK is None:
+        return None
+    names = {name.partition(".")[0] for name in sys.modules} - {name.partition(".")[0] for name in _AT_FORK}
+    return tuple(
+        sorted(n for n in names if n not in sys.stdlib_module_names and n not in OWN_PACKAGES and not n.startswith("_"))
+    )
 
 
 # -- the server ------------------------------------------------------------------------------
@@ -73,8 +89,9 @@ def _preload(modules: Iterable[str]) -> None:
 
 def _child(conn: Connection, job: bytes, listener: socket.socket, others: Iterable[Connection]) -> None:
     """In the forked child: nothing of the server but its imports, then the job."""
-    global FORKED
+    global FORKED, _AT_FORK
     FORKED = True
+    _AT_FORK = frozenset(sys.modules)
     try:
         listener.close()
         for c in others:

@@ -261,17 +261,20 @@ def fork_servers(formats: Iterable[str], runtimes: Iterable[str]) -> dict[str, t
     imports once: one for exports (torch, transformers' modelling module of every family, each
     format's PRELOAD) and one per runtime for benchmarks (numpy and the runtime's PRELOAD
     only: a benchmark's process holds the libraries a spawned one of that runtime would load,
-    so memory figures compare across runtimes)."""
+    so memory figures compare across runtimes). No formats: no export server."""
     from tasks.export import format_module
     from tasks.families import FAMILIES
     from tasks.runtimes import runtime_module
 
-    export = ["torch", "transformers", *(f.rotary_module for f in FAMILIES.values())]
-    for name in sorted(set(formats)):
-        export += getattr(format_module(name), "PRELOAD", ())
-    servers = {EXPORT_SERVER: tuple(dict.fromkeys(export))}
+    servers = {}
+    if formats := sorted(set(formats)):  # none to make (all in the cache): no export server
+        export = ["torch", "transformers", *(f.rotary_module for f in FAMILIES.values())]
+        for name in formats:
+            export += getattr(format_module(name), "PRELOAD", ())
+        servers[EXPORT_SERVER] = tuple(dict.fromkeys(export))
     for name in sorted(set(runtimes)):
-        servers[bench_server(name)] = tuple(dict.fromkeys(["numpy", *getattr(runtime_module(name), "PRELOAD", ())]))
+        preload = ["numpy", "numpy.random", *getattr(runtime_module(name), "PRELOAD", ())]  # a child seeds numpy.random
+        servers[bench_server(name)] = tuple(dict.fromkeys(preload))
     return servers
 
 
@@ -383,7 +386,7 @@ def bench_job(spec: BenchSpec) -> BenchResult:
         meta, feeds, parity_data = load_export(spec.export_dir)
         libraries = (*format_module(meta["export_format"]).LIBRARIES, *runtime.LIBRARIES)
         result.env = fingerprint(spec.device, libraries)
-        from tasks.forks import FORKED
+        from tasks.forks import FORKED, imported_since_fork
 
         result.params.update(
             pid=os.getpid(), process_ran_before=ran_before or "nothing", process_start="forked" if FORKED else "spawned"
@@ -431,6 +434,8 @@ def bench_job(spec: BenchSpec) -> BenchResult:
         result.metrics.update(machine.metrics)  # load, other processes' share of the bench cores
         result.params.update(machine.params)
         stats = bench_metrics(m, spec.bench)
+        if (late := imported_since_fork()) is not None:  # loading, parity and timing, all done
+            result.params["imports_after_fork"] = ",".join(late) or "none"
         tokens = spec.phase.batch * phase.tokens_per_call(spec.phase)
         result.metrics.update(stats)
         result.metrics.update(

@@ -192,6 +192,14 @@ def test_median_interval_is_the_binomial_one_and_covers():
         lo, hi = median_ci_ranks(n)
         assert hi == n - 1 - lo
         assert 1 - 2 * binom.cdf(lo, n, 0.5) >= 0.95 > 1 - 2 * binom.cdf(lo + 1, n, 0.5)  # the tightest such pair
+    # the same ranks as scipy's binomial quantile for every n up to 2,000 and some beyond,
+    # at three confidences (tasks.bench sums the binomial tail itself, without scipy)
+    for confidence in (0.9, 0.95, 0.99):
+        q = (1 - confidence) / 2
+        for n in (*range(2001), 12_345, 100_000, 200_001):
+            k = int(binom.ppf(q, n, 0.5))
+            k += binom.cdf(k, n, 0.5) <= q
+            assert median_ci_ranks(n, confidence) == ((k - 1, n - k) if k >= 1 else None), (n, confidence)
     # empirically: it covers the true median of a skewed distribution about 95% of the time
     rng = np.random.default_rng(0)
     draws = np.sort(rng.exponential(1.0, (4000, 51)), axis=1)

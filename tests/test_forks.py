@@ -32,6 +32,14 @@ def whoami(_):
     }
 
 
+def import_and_tell(names):
+    import importlib
+
+    for name in names:
+        importlib.import_module(name)
+    return forks.imported_since_fork()
+
+
 def exit_with(code):
     os._exit(code)
 
@@ -176,6 +184,16 @@ def test_a_forked_benchmark_that_dies_fails_its_variant(server):
     assert late.failure.error == "timed out after 2s of its own run (cluster.task_timeout_s)"
 
 
+def test_a_child_names_the_libraries_it_imported_after_its_fork(server):
+    """What the server's preload missed, by library: a submodule of one it had (json.decoder)
+    or the standard library's (email) is not one; yaml is. A process no server forked: None."""
+    folder, _ = server
+    kind, late = forks.run(forks.connect(folder), import_and_tell, ("json.decoder", "email.message", "yaml"), 60)
+    assert kind == "result" and "yaml" in late and not {"json", "email", "tasks"} & set(late)
+    assert late == tuple(sorted(late))
+    assert forks.imported_since_fork() is None
+
+
 def test_each_runtime_has_a_server_of_its_own_importing_what_it_loads():
     """Exports' server: torch, transformers, the formats' exporters. A benchmark's: its
     runtime's libraries only, so an ONNX Runtime benchmark's memory holds no torch."""
@@ -183,7 +201,7 @@ def test_each_runtime_has_a_server_of_its_own_importing_what_it_loads():
     assert set(servers) == {EXPORT_SERVER, bench_server("onnxruntime")}
     assert {"torch", "transformers", "torch.onnx", "onnxscript"} <= set(servers[EXPORT_SERVER])
     assert not any(m.startswith("executorch") for m in servers[EXPORT_SERVER])
-    assert servers[bench_server("onnxruntime")] == ("numpy", "onnxruntime")
+    assert servers[bench_server("onnxruntime")] == ("numpy", "numpy.random", "onnxruntime", "onnx")
     every = fork_servers({"onnx", "executorch", "none"}, {"onnxruntime", "executorch", "eager", "compile"})
     assert {"executorch.exir", "torch.onnx"} <= set(every[EXPORT_SERVER])
     assert "executorch.runtime" in every[bench_server("executorch")]

@@ -13,7 +13,24 @@ if TYPE_CHECKING:
     import torch
 
 LIBRARIES = ("torch", "transformers", "onnx", "onnxscript")
-PRELOAD = ("onnx", "onnxscript", "torch.onnx")  # what a fork server imports for its children (tasks/forks.py)
+# what a fork server imports for its children (tasks/forks.py): the exporter's own modules
+# and those it imports on its first call (torch.export's tracer, AOT autograd and its
+# partitioner's networkx, torchlib's ops, the onnxscript optimiser): 0.5 s of each export
+PRELOAD = (
+    "onnx",
+    "onnxscript",
+    "torch.onnx",
+    "torch.onnx._internal.exporter._core",
+    "torch.export",
+    "torch._export.serde.serialize",
+    "torch._functorch.aot_autograd",
+    "torch._functorch.partitioners",
+    "torch._inductor.decomposition",
+    "networkx",
+    "onnxscript.function_libs.torch_lib.ops",
+    "onnxscript.optimizer",
+    "onnxscript.rewriter",
+)
 # peak RSS of an export as a multiple of the weights: 6.2 GB for the Llama-3.2-1B
 # architecture in fp32 (4.9 GB of weights), 1.3x, rounded up
 MEMORY_FACTOR = 1.5

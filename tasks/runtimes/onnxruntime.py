@@ -11,7 +11,7 @@ import numpy as np
 from tasks.specs import PAST, BenchSpec, choice
 
 LIBRARIES = ("onnxruntime",)
-PRELOAD = ("onnxruntime",)  # what a fork server imports for its children (tasks/forks.py)
+PRELOAD = ("onnxruntime", "onnx")  # what a fork server imports for its children (tasks/forks.py); onnx reads the optimised graph (tasks/anatomy.py)
 MEMORY_FACTOR = 1.5  # peak RSS 6.8 GB benchmarking the Llama-3.2-1B architecture in fp32 (1.4x)
 # model dtypes it runs, by device: other combinations are skipped at plan time
 DTYPES = {"cpu": ("float32", "float16"), "cuda": ("float32", "float16", "bfloat16")}
