@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from pathlib import Path
@@ -138,11 +138,12 @@ class Plan:
     def _by_name(self) -> dict[str, PlannedVariant]:
         return {pv.name: pv for pv in self.variants}
 
-    def fork_servers(self) -> dict[str, tuple[str, ...]]:
-        """The fork servers each node runs for this plan, and what each imports."""
+    def fork_servers(self, to_make: Callable[[ExportSpec], bool] = lambda spec: True) -> dict[str, tuple[str, ...]]:
+        """The fork servers each node runs for this plan, and what each imports: an export
+        server for the formats of the exports `to_make` says are to be made (not in the cache)."""
         from tasks.jobs import fork_servers
 
-        formats = {job.spec.export_format for job in self.exports.values()}
+        formats = {job.spec.export_format for job in self.exports.values() if to_make(job.spec)}
         return fork_servers(formats, {pv.bench.runtime for pv in self.variants})
 
 

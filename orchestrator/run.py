@@ -390,10 +390,13 @@ def run_sweep(
     if dry_run:
         dry_run_plan(points, configs, overrides, rules)
         return {}
-    tracker = Tracker(points[0].tracking)
+    tracker = Tracker(points[0].tracking, background=True)  # its checks now; MLflow's import and store beside Ray's start
     run: SweepRun | None = None
+    sched = Scheduler(points[0].cluster)  # a local Ray: planned on this machine as measured, started below
     try:  # a signal or an error anywhere from here, Ray's shutdown and the summary included, closes every open run
-        with Scheduler(points[0].cluster) as sched:
+        try:
+            if sched.capacity is None:  # a cluster to join (or a Ray this process runs): its capacity is read from it
+                sched.start()
             captures = Captures.of(points, sched.capacity)  # phase=captured: run each application first
             if captures:
                 captures.run(sched)
@@ -402,7 +405,10 @@ def run_sweep(
             say_plan(plan)
             if not plan.variants and not plan.skipped:
                 return {}
-            sched.start_fork_servers(plan.fork_servers())  # their imports run while the plan is recorded
+            # a local Ray's servers import torch & co. while Ray starts and the plan is recorded
+            sched.start_fork_servers(plan.fork_servers(lambda spec: not sched.holds(spec)))
+            sched.start()
+            tracker.connected()
             run = SweepRun(plan, out_dir, tracker, sched)
             run.record_plan(command)
             links = ui_lines(tracker.uri, getattr(tracker, "experiment_id", None), run.parent)
@@ -421,6 +427,8 @@ def run_sweep(
                         run.on_retry(key, result)
                     else:
                         (run.on_export if kind == "export" else run.on_bench)(key, result)
+        finally:
+            sched.stop()
         text = run.finish(time.perf_counter() - t0)
     except BaseException as e:
         if run is not None:

@@ -12,6 +12,8 @@ import os
 import random
 import re
 import shutil
+import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import ClusterCfg, ConfigError
-from orchestrator.placement import BENCH_RESOURCE, Capacity, Request, capacity_of
+from orchestrator.placement import BENCH_RESOURCE, Capacity, Request, capacity_of, local_capacity
 from tasks.specs import Failure
 
 log = logging.getLogger("phasesweep")
@@ -55,12 +57,16 @@ def _import_ray_on_loopback():
     return ray
 
 
-def _fork_folder(enabled: bool, role: str) -> str | None:
-    """The folder of this node's fork server of `role` for this Ray job (tasks/forks.py), or
-    None to spawn: servers per node and job, so a job's children run the code its servers
-    imported; one for exports and one per runtime (tasks/jobs.fork_servers)."""
-    if not enabled:
+def _fork_folder(forks: bool | str, role: str) -> str | None:
+    """The folder of this node's fork server of `role` (tasks/forks.py), or None to spawn:
+    servers per node and sweep, so a sweep's children run the code its servers imported; one
+    for exports and one per runtime (tasks/jobs.fork_servers). `forks`: the folder of a local
+    Ray's servers, which the driver keeps; True: this node's, kept by its host actor for this
+    Ray job; False: none."""
+    if not forks:
         return None
+    if isinstance(forks, str):
+        return str(Path(forks) / role)
     import ray
 
     ctx = ray.get_runtime_context()
@@ -298,6 +304,19 @@ class Scheduler:
         self._hosts_ready: list[Any] = []
         self._nodes: list[str] = []  # ids of the nodes given fork servers
         self._job_id = ""
+        self._node = ""  # the driver's node, once Ray runs
+        self.done: deque[tuple[str, str, Any]] = deque()  # results known without a task (exports in the cache)
+        # A local Ray is started with what this machine offers, measured here, so the plan is
+        # made on it before Ray starts and Ray's start runs beside the fork servers' imports
+        # and the tracking store's opening; a joined cluster's capacity (or that of a Ray this
+        # process already runs) is read from it once joined.
+        already = sys.modules.get("ray")
+        self.own_local = cluster.address is None and not (already is not None and already.is_initialized())
+        self.capacity: Capacity | None = local_capacity(cluster.num_cpus) if self.own_local else None
+        self._started = False
+        self._forks_base: Path | None = None  # a local Ray's fork servers (kept by this driver) live under it
+        self._starting: dict[str, Any] = {}  # role -> tasks.forks.Starting, not yet awaited
+        self._servers: list[Any] = []  # the driver's fork servers' processes
 
     # -- lifecycle -------------------------------------------------------------------
     def __enter__(self) -> Scheduler:
@@ -308,6 +327,10 @@ class Scheduler:
         self.stop()
 
     def start(self) -> None:
+        """Start a local Ray, or join the cluster (once; later calls return)."""
+        if self._started:
+            return
+        self._started = True
         local = self.cluster.address is None
         if local:
             ray = _import_ray_on_loopback()
@@ -320,10 +343,13 @@ class Scheduler:
             sigterm = signal.getsignal(signal.SIGTERM)
             common = {"log_to_driver": False, "logging_level": "warning", "configure_logging": True}
             if local:
+                cap = self.capacity or local_capacity(self.cluster.num_cpus)
                 with _one_start_at_a_time():
                     ray.init(
                         address="local",  # a Ray of its own, even beside a cluster started on this machine
-                        num_cpus=self.cluster.num_cpus or os.cpu_count(),
+                        num_cpus=cap.cpus,  # what the plan was made on, exactly
+                        num_gpus=cap.gpus,
+                        _memory=cap.memory,  # Ray's "memory" resource (ray.init's own name for it)
                         resources={BENCH_RESOURCE: 1},
                         include_dashboard=self.cluster.dashboard,
                         dashboard_host="127.0.0.1",
@@ -343,14 +369,23 @@ class Scheduler:
             "bench": ray.remote(_bench_entry),
             "capture": ray.remote(max_calls=1)(_capture_entry),
         }
-        self.capacity = self._capacity()
+        self._node = _node_id()
+        live = self._capacity()
+        if self.capacity is None or not self.owned:
+            self.capacity = live
+        elif (live.cpus, live.gpus, live.bench_slots) != (self.capacity.cpus, self.capacity.gpus, self.capacity.bench_slots):
+            raise RuntimeError(f"the local Ray offers {live}, not the capacity it was started with and planned on: {self.capacity}")
 
     def start_fork_servers(self, servers: dict[str, tuple[str, ...]]) -> None:
         """The fork servers (tasks/forks.py) on every alive node, `servers` (role -> what it
         imports) importing while the driver records the plan; the first task handed to Ray
         waits until each node's export server is ready."""
-        if not self.cluster.fork_server or self._hosts:
+        if not self.cluster.fork_server or self._hosts or self._forks_base:
             return
+        if self.own_local:  # before Ray starts, or beside it: this machine's servers, kept by this driver
+            self._start_local_fork_servers(servers)
+            return
+        self.start()
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -364,12 +399,63 @@ class Scheduler:
                 self._hosts.append(actor)
                 self._hosts_ready.append(actor.ready.remote())
 
+    def _start_local_fork_servers(self, servers: dict[str, tuple[str, ...]]) -> None:
+        """A local Ray's fork servers, children of this driver (each ends when it does, or at
+        stop()); all start at once, the benchmarks' awaited behind the export server's."""
+        import uuid
+
+        from tasks import forks
+        from tasks.jobs import EXPORT_SERVER
+
+        self._forks_base = _fork_base(f"driver-{os.getpid()}", uuid.uuid4().hex)
+        for role, mods in servers.items():
+            starting = forks.begin(self._forks_base / role, os.getpid(), mods)
+            if starting is not None:
+                self._starting[role] = starting
+                self._servers.append(starting.proc)
+        rest = [s for role, s in self._starting.items() if role != EXPORT_SERVER]
+        self._starting = {r: s for r, s in self._starting.items() if r == EXPORT_SERVER}
+        threading.Thread(target=self._wait_local, args=(rest,), daemon=True).start()
+
+    def _wait_local(self, starting: list[Any]) -> None:
+        for s in starting:
+            try:
+                s.wait()
+            except Exception as e:  # noqa: BLE001 - that runtime's benchmarks spawn their processes
+                if self._servers:  # not ended by stop()
+                    log.warning("%s", e)
+
+    def holds(self, spec: Any) -> bool:
+        """Whether the export is in a local Ray's cache, sealed (submit() verifies it): then
+        no export server is needed for it."""
+        if not self.own_local:
+            return False
+        from tasks.jobs import MANIFEST
+        from tasks.transfer import node_entry
+
+        return (Path(node_entry(spec.out_dir)) / MANIFEST).is_file()
+
+    @property
+    def _forks_arg(self) -> bool | str:
+        """What a task is told of its node's fork servers (_fork_folder)."""
+        return str(self._forks_base) if self._forks_base else self.cluster.fork_server
+
     def _await_forks(self) -> None:
         """Once, before the first task: every node's export server is ready (or failed: its
         tasks spawn their processes)."""
+        from tasks.forks import ForkServerError
+
+        for starting in self._starting.values():  # this driver's (a local Ray's)
+            try:
+                starting.wait()
+            except ForkServerError as e:  # its tasks spawn their processes instead
+                log.warning("%s; exports spawn their processes", e)
+        self._starting = {}
+        pending, self._hosts_ready = self._hosts_ready, []
+        if not pending:
+            return
         import ray
 
-        pending, self._hosts_ready = self._hosts_ready, []
         if not pending:
             return
         ready, late = ray.wait(pending, num_returns=len(pending), timeout=FORK_SERVER_START_S)
@@ -388,13 +474,12 @@ class Scheduler:
     def stop(self) -> None:
         import signal
 
-        import ray
-
+        ray = sys.modules.get("ray")  # None: Ray was never imported, so never started here
         # the fork servers' folders on this machine (a local Ray's, or a node's beside the
         # driver): Ray ends the servers with their actors, before they could remove them
         folders = [_fork_base(self._job_id, n) for n in self._nodes] if self._hosts else []
         try:
-            if self.owned and ray.is_initialized():
+            if self.owned and ray is not None and ray.is_initialized():
                 # Ray's shutdown resets SIGTERM's action at the OS level to the default (die at
                 # once) while Python still lists the driver's handler (seen in /proc: SigCgt loses
                 # SIGTERM inside ray.shutdown): install the driver's handlers again after it
@@ -405,6 +490,18 @@ class Scheduler:
                 finally:
                     _restore_handlers(handlers)
         finally:
+            servers, self._servers = self._servers, []
+            for proc in servers:  # the driver's: their children (tasks' processes) end with them
+                proc.terminate()
+            for proc in servers:
+                try:
+                    proc.wait(timeout=10)
+                except Exception:  # noqa: BLE001 - not ending on SIGTERM: it is killed
+                    proc.kill()
+                    proc.wait()
+            if self._forks_base is not None:
+                folders.append(self._forks_base)
+                self._forks_base = None
             for folder in folders:
                 shutil.rmtree(folder, ignore_errors=True)
             if self._fetched is not None:
@@ -442,7 +539,17 @@ class Scheduler:
     # -- running ---------------------------------------------------------------------
     def submit(self, kind: str, key: str, spec: Any, request: Request) -> None:
         """Queue an export (key: its export key), a benchmark (key: the variant's name) or a
-        capture (key: its capture key)."""
+        capture (key: its capture key). An export a local Ray's cache holds, complete and
+        verified, is a result at once: no task (nor an export server) is needed to read it."""
+        if kind == "export" and self.own_local:
+            from tasks.jobs import cached_export
+            from tasks.transfer import node_entry
+
+            hit = cached_export(spec, node_entry(spec.out_dir))
+            if hit is not None:
+                hit.details["ray_node"] = self._node
+                self.done.append((kind, key, hit))
+                return
         if kind == "bench" and self.ship:
             self._readers[spec.export_dir] = self._readers.get(spec.export_dir, 0) + 1
         self.queue.append(_Task(kind, key, spec, request))
@@ -479,7 +586,7 @@ class Scheduler:
                 continue
             fn = self._remote[task.kind]
             options = {**task.request.options, "max_retries": 0}  # retries are ours: counted and recorded
-            args = (task.spec, self.cluster.task_timeout_s, self.cluster.fork_server)
+            args = (task.spec, self.cluster.task_timeout_s, self._forks_arg)
             if task.kind == "export":
                 task.ref, task.payload = fn.options(**options, num_returns=2).remote(*args, self.ship)
             elif task.kind == "bench":
@@ -496,11 +603,16 @@ class Scheduler:
         """Yield (kind, key, result | Failure) as tasks end, and ("retry", key, cause) when
         a task whose process died is run again; more may be submitted meanwhile. Yields
         ("tick", "", None) about every second, so the caller can keep a heartbeat."""
+        self.start()
         import ray
         from ray.exceptions import RayError
 
-        while self.queue or self.running:
+        while self.queue or self.running or self.done:
+            while self.done:
+                yield self.done.popleft()
             self._start_queued()
+            if not self.running:  # all that was queued is done (what the results above queued has started)
+                continue
             ready, _ = ray.wait(list(self.running), num_returns=1, timeout=1.0)
             for ref in ready:
                 task = self.running.pop(ref)

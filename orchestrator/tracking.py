@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -241,22 +242,65 @@ def existing_runs(cfg: TrackingCfg) -> dict[str, list[str]]:
 
 
 class Tracker:
-    def __init__(self, cfg: TrackingCfg):
+    """The sweep's tracking store. Its checks (a store that outlives a submitted job, a server
+    that answers, an artifact root it may write) run when it is made; the connection itself
+    (importing MLflow, 2 s, and creating a new store's tables, 1 s more) runs in a thread of
+    its own when `background` is set and the store is local, beside a local Ray's start, and
+    `client` and `experiment_id` wait for it (raising what it raised)."""
+
+    def __init__(self, cfg: TrackingCfg, background: bool = False):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # seconds, not minutes, when a server goes away
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
         # not MLflow's "View run/experiment at" line on every ended run: stdout is the sweep's,
         # and the experiment's link lands on the GenAI overview (ui_lines prints the right ones)
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-        from mlflow.tracking import MlflowClient
-
         check_outlives_job(cfg)
         self.uri = resolve_uri(cfg)
         check_reachable(self.uri)
         root = check_artifact_root(cfg)
-        with _store_lock(self.uri), credentials_checked(self.uri):  # the first access creates the tables
-            # each call whole: a Ctrl-C waits for the write in flight (orchestrator.signals)
-            self.client = Deferring(MlflowClient(tracking_uri=self.uri))
-            self.experiment_id = self._experiment(cfg.experiment, root)
+        self._client: Any = None
+        self._experiment_id: str | None = None
+        self._error: BaseException | None = None
+        self._connecting: threading.Thread | None = None
+        # a server's refusal of the credentials is a config error, said before any work: only
+        # a local store (sqlite, a folder) is opened in the background
+        if background and not self.uri.startswith(("http://", "https://")):
+            self._connecting = threading.Thread(target=self._connect, args=(cfg, root), name="tracker-connect", daemon=True)
+            self._connecting.start()
+        else:
+            self._connect(cfg, root)
+            self._raise()
+
+    def _connect(self, cfg: TrackingCfg, root: Path | None) -> None:
+        try:
+            from mlflow.tracking import MlflowClient
+
+            with _store_lock(self.uri), credentials_checked(self.uri):  # the first access creates the tables
+                # each call whole: a Ctrl-C waits for the write in flight (orchestrator.signals)
+                self._client = Deferring(MlflowClient(tracking_uri=self.uri))
+                self._experiment_id = self._experiment(cfg.experiment, root)
+        except BaseException as e:  # noqa: BLE001 - raised where the connection is first used
+            self._error = e
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def connected(self) -> Tracker:
+        """Once the connection is made: this tracker; what it raised if it failed."""
+        if self._connecting is not None:
+            self._connecting.join()
+            self._connecting = None
+        self._raise()
+        return self
+
+    @property
+    def client(self) -> Any:
+        return self.connected()._client
+
+    @property
+    def experiment_id(self) -> str:
+        return self.connected()._experiment_id
 
     def _experiment(self, name: str, root: Path | None) -> str:
         """The experiment's id, created when new. Sweeps started at once on a server (the
@@ -264,13 +308,13 @@ class Tracker:
         32 such sweeps failed with RESOURCE_ALREADY_EXISTS before)."""
         from mlflow.exceptions import MlflowException
 
-        exp = self.client.get_experiment_by_name(name)
+        exp = self._client.get_experiment_by_name(name)
         if exp is not None:
             return exp.experiment_id
         try:
-            return self.client.create_experiment(name, artifact_location=root.as_uri() if root else None)
+            return self._client.create_experiment(name, artifact_location=root.as_uri() if root else None)
         except MlflowException as e:
-            if e.error_code != "RESOURCE_ALREADY_EXISTS" or (exp := self.client.get_experiment_by_name(name)) is None:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS" or (exp := self._client.get_experiment_by_name(name)) is None:
                 raise
             return exp.experiment_id
 

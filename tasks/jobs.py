@@ -96,6 +96,16 @@ def _clean_dead_temporaries(parent: Path, name: str) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def cached_export(spec: ExportSpec, entry: str | Path) -> ExportResult | None:
+    """The export's result read from its cache entry at `entry`, when the entry is there,
+    complete and verified (a cache hit); None when it is to be made (export_job rebuilds an
+    untrusted one). Torch-free: the driver of a local Ray reads its cache hits itself."""
+    out = Path(entry)
+    if out.exists() and verify_entry(out) is None:
+        return _result_from_meta(spec, out, cache_hit=True)
+    return None
+
+
 def export_job(spec: ExportSpec) -> ExportResult:
     """Build the model, generate the phase's inputs and reference, export the graph.
 

@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -99,6 +100,11 @@ def inproc(tmp_path_factory, mlflow_db, cache_override, planned_variant):
         if not stopped:
             ray.shutdown()
     assert stopped, "run_sweep's Scheduler left Ray running in this process"
+    # the local Ray's fork servers were this process's children, ended and removed at its stop
+    left = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", "tasks.forks"], capture_output=True, text=True)
+    assert not left.stdout.split(), f"run_sweep left its fork servers running: {left.stdout}"
+    forks_root = Path(tempfile.gettempdir()) / f"phasesweep-forks-{os.getuid()}"
+    assert not list(forks_root.glob(f"driver-{os.getpid()}-*")), "run_sweep left its fork servers' folders"
     return MlflowClient(tracking_uri=uri), outcomes
 
 

@@ -8,6 +8,7 @@ import socket
 import struct
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -99,3 +100,51 @@ def test_the_bench_resource_alone_keeps_cpu_benchmarks_apart(scheduler):
     window = _window()
     spans = sorted(ray.get([window.options(**request.options).remote(None) for _ in range(2)], timeout=60))
     assert spans[0][1] <= spans[1][0]
+
+
+def test_an_export_in_a_local_cache_is_read_by_the_driver_without_a_task(scheduler, planned_variant, cache_override):
+    """A local Ray's driver shares its node's cache: an entry there, sealed and verified, is
+    the export's result at once (a cache hit, on the driver's node), with no export task and
+    no export server to start for it."""
+    import ray
+
+    from tasks.jobs import EXPORT_SERVER
+    from tests.conftest import plan_jobs
+
+    sched, _ = scheduler
+    made, _ = planned_variant("model=llama", "phase=decode")  # made once a session in the shared cache
+    plan = plan_jobs(["model=llama", "phase=decode", cache_override])
+    (job,) = plan.exports.values()
+    assert sched.own_local and sched.holds(job.spec)
+    assert EXPORT_SERVER not in plan.fork_servers(lambda spec: not sched.holds(spec))
+    assert EXPORT_SERVER in plan.fork_servers()
+    sched.submit("export", "the-key", job.spec, job.request)
+    assert not sched.queue and not sched.running  # nothing for Ray to run
+    (event,) = [e for e in sched.results() if e[0] != "tick"]
+    kind, key, result = event
+    assert (kind, key) == ("export", "the-key") and result.ok and result.cache_hit
+    assert result.out_dir == made.out_dir and result.artifact == made.artifact
+    assert result.details["ray_node"] == ray.get_runtime_context().get_node_id()
+
+
+def test_only_a_complete_verified_entry_is_a_cache_hit(planned_variant, tmp_path):
+    """cached_export: a copy of a sealed entry is a hit; one file changed by a byte, or the
+    manifest missing, is not (the export task rebuilds it)."""
+    import shutil
+
+    from tasks.jobs import MANIFEST, cached_export
+
+    made, _ = planned_variant("model=llama", "phase=decode")
+    spec = SimpleNamespace(key=made.key)
+    good = shutil.copytree(made.out_dir, tmp_path / "good")
+    assert cached_export(spec, good).cache_hit
+    bad = shutil.copytree(made.out_dir, tmp_path / "bad")
+    artifact = bad / Path(made.artifact).name
+    data = bytearray(artifact.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    artifact.write_bytes(bytes(data))
+    assert cached_export(spec, bad) is None
+    unsealed = shutil.copytree(made.out_dir, tmp_path / "unsealed")
+    (unsealed / MANIFEST).unlink()
+    assert cached_export(spec, unsealed) is None
+    assert cached_export(spec, tmp_path / "absent") is None

@@ -58,6 +58,9 @@ class FakeTracker:
         self.earlier = earlier or {}
         self.orphan_ids: list[str] = []
 
+    def connected(self):
+        return self
+
     def _new(self, name: str, parent: str | None) -> str:
         run_id = f"run{len(self.runs)}"
         self.runs[run_id] = FakeRun(name, parent)
@@ -140,17 +143,20 @@ class FakeScheduler:
         self.respond = respond
         self.submitted: list[tuple[str, str, Any, Any]] = []
         self.queue: list[tuple[str, str, Any]] = []
-        self.entered = self.exited = False
+        self.started = self.stopped = False
         self.servers: dict[str, tuple[str, ...]] | None = None
 
-    def __enter__(self):
-        self.entered = True
-        return self
+    def start(self):
+        self.started = True
 
-    def __exit__(self, *exc):
-        self.exited = True
+    def stop(self):
+        self.stopped = True
+
+    def holds(self, spec):
+        return False  # no export in its cache: the plan's every format gets the export server
 
     def start_fork_servers(self, servers):
+        assert not self.started, "a local Ray's fork servers start before Ray does"
         self.servers = servers
 
     def export_folder(self, planned, made):
@@ -573,7 +579,7 @@ def test_a_retry_is_recorded_on_the_open_variants_it_concerns(sweep, plan):
 def _install(monkeypatch, tracker, sched):
     import orchestrator.run
 
-    monkeypatch.setattr(orchestrator.run, "Tracker", lambda cfg: tracker)
+    monkeypatch.setattr(orchestrator.run, "Tracker", lambda cfg, background=False: tracker)
     monkeypatch.setattr(orchestrator.run, "Scheduler", lambda cluster: sched)
 
 
@@ -598,7 +604,7 @@ def test_run_sweep_runs_the_plan_and_returns_each_jobs_outcome(monkeypatch, tmp_
         1: (B, Status.OK),
         2: (SKIPPED, Status.SKIPPED),
     }
-    assert sched.entered and sched.exited
+    assert sched.started and sched.stopped
     assert tracker.parent().status == "FINISHED"
     plan = plan_jobs(JOBS[0], JOBS[1])
     exports = [("export", key_of(plan, A)), ("export", key_of(plan, B))]
@@ -620,7 +626,7 @@ def test_an_interrupt_mid_sweep_aborts_open_runs_and_stops_the_scheduler(monkeyp
     configs, overrides = compose_jobs(JOBS[0], JOBS[1])
     with pytest.raises(KeyboardInterrupt):
         run_sweep(configs, overrides, tmp_path / "out", "cmd")
-    assert sched.exited
+    assert sched.stopped
     kids = tracker.by_name()
     assert kids[A].status == "FINISHED" and kids[B].status == "KILLED"
     assert kids[B].tags["error"] == "KeyboardInterrupt: " and tracker.parent().status == "KILLED"
@@ -636,7 +642,7 @@ def test_a_benchmark_no_node_can_host_is_refused_before_any_run(monkeypatch, tmp
     with pytest.raises(SystemExit) as exit_:
         run_or_exit(configs, overrides, tmp_path / "out", "cmd")
     assert str(exit_.value.code).startswith("phasesweep: bench.threads=16 exceeds the 2 CPUs")
-    assert tracker.runs == {} and sched.submitted == [] and sched.exited
+    assert tracker.runs == {} and sched.submitted == [] and sched.stopped
 
 
 def test_failed_variants_end_the_process_with_their_names(monkeypatch, tmp_path):
