@@ -8,8 +8,10 @@ import os
 import platform
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -407,10 +409,9 @@ def run_sweep(
                 return {}
             # a local Ray's servers import torch & co. while Ray starts and the plan is recorded
             sched.start_fork_servers(plan.fork_servers(lambda spec: not sched.holds(spec)))
-            sched.start()
-            tracker.connected()
             run = SweepRun(plan, out_dir, tracker, sched)
-            run.record_plan(command)
+            with _beside(run.record_plan, command):  # the plan's runs are written while Ray starts
+                sched.start()
             links = ui_lines(tracker.uri, getattr(tracker, "experiment_id", None), run.parent)
             for line in links:
                 say(line)
@@ -427,9 +428,11 @@ def run_sweep(
                         run.on_retry(key, result)
                     else:
                         (run.on_export if kind == "export" else run.on_bench)(key, result)
-        finally:
+        except BaseException:
             sched.stop()
-        text = run.finish(time.perf_counter() - t0)
+            raise
+        with sched.stopping():  # Ray's shutdown, seconds of waiting on its processes, beside the summary and plots
+            text = run.finish(time.perf_counter() - t0)
     except BaseException as e:
         if run is not None:
             run.abort(f"{type(e).__name__}: {e}")
@@ -439,6 +442,29 @@ def run_sweep(
     for line in links:
         say(line)
     return run.by_job()
+
+
+@contextmanager
+def _beside(fn: Callable[..., Any], *args: Any) -> Iterator[None]:
+    """fn(*args) in a thread of its own while the block runs; its exception raised after the
+    block. The block's own exception waits for it too (a Ctrl-C during Ray's start still finds
+    the plan's runs whole, and closes them)."""
+    failed: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+            failed.append(e)
+
+    thread = threading.Thread(target=call, name=getattr(fn, "__name__", "beside"), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+    if failed:
+        raise failed[0]
 
 
 def say_plan(plan: Plan) -> None:

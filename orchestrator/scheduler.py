@@ -512,6 +512,32 @@ class Scheduler:
                 self.watchdog.close()  # it ends what ray.shutdown left, if anything, and exits
                 self.watchdog = None
 
+    @contextmanager
+    def stopping(self) -> Iterator[None]:
+        """stop() in a thread of its own while the block runs (Ray's shutdown is mostly
+        waiting on its processes); the driver's signal handlers installed again here, in the
+        main thread, once both are done; stop()'s exception raised after the block's."""
+        import signal
+
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        failed: list[BaseException] = []
+
+        def stop() -> None:
+            try:
+                self.stop()
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+                failed.append(e)
+
+        thread = threading.Thread(target=stop, name="scheduler-stop", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            thread.join()
+            _restore_handlers(handlers)
+        if failed:
+            raise failed[0]
+
     def export_folder(self, planned: str, made: str) -> Path:
         """A folder on the driver's machine holding the export the plan calls `planned`: the
         entry where its task `made` it on a local Ray (this machine), else a copy unpacked

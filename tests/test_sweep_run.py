@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -151,6 +152,11 @@ class FakeScheduler:
 
     def stop(self):
         self.stopped = True
+
+    @contextmanager
+    def stopping(self):
+        self.stop()
+        yield
 
     def holds(self, spec):
         return False  # no export in its cache: the plan's every format gets the export server
