@@ -341,7 +341,8 @@ def pool_repeats(results: list[BenchResult], opts: BenchOptions) -> BenchResult:
     """One variant measured in several fresh processes: the samples pooled, the latency
     statistics and the flag recomputed from them, rates rescaled to the pooled median, the
     other metrics (load time, peak memory, first call) the median over processes, and the
-    spread between the processes' medians reported. A failed process fails the variant."""
+    spread between the processes' medians reported; a param the processes differ in lists
+    each one's value. A failed process fails the variant."""
     failed = next((r for r in results if not r.ok), None)
     if failed is not None or len(results) == 1:
         return failed or results[0]
@@ -365,7 +366,12 @@ def pool_repeats(results: list[BenchResult], opts: BenchOptions) -> BenchResult:
         parity_max_abs_diff=max(r.metrics["parity_max_abs_diff"] for r in results),
     )
     worst = max(results, key=lambda r: r.metrics["parity_max_abs_diff"])
-    params = {**first.params, "pid": ",".join(str(r.params.get("pid")) for r in results)}
+    # a param the processes differ in (their pids; the node each ran on, how it got its export)
+    # lists each process's value in order: a variant measured on two machines says so
+    params = {
+        k: ",".join(str(r.params.get(k)) for r in results) if len({str(r.params.get(k)) for r in results}) > 1 else v
+        for k, v in first.params.items()
+    }
     params["repeat_medians_ms"] = ",".join(f"{m:.4g}" for m in medians)
     return BenchResult(
         variant=first.variant,

@@ -260,7 +260,8 @@ def test_repeats_pool_samples_rescale_rates_and_keep_raised_flags():
         samples = [median_ns] * 50
         metrics = {**summarize(samples), "tokens_per_s": 1e9 / median_ns, "load_seconds": pid / 10}
         metrics.update(shared_cores=shared, parity_max_abs_diff=1e-6 * pid)
-        return BenchResult("v", True, metrics, {"pid": pid}, {"steps": 1}, samples)
+        params = {"pid": pid, "ray_node": "a" if pid < 3 else "b", "process_start": "forked"}
+        return BenchResult("v", True, metrics, params, {"steps": 1}, samples)
 
     opts = BenchOptions()
     pooled = pool_repeats([process(1_000_000, 0.0, 1), process(1_200_000, 1.0, 2), process(1_100_000, 0.0, 3)], opts)
@@ -271,5 +272,6 @@ def test_repeats_pool_samples_rescale_rates_and_keep_raised_flags():
     assert pooled.metrics["load_seconds"] == pytest.approx(0.2)  # the median process
     assert pooled.metrics["shared_cores"] == 1.0 and pooled.metrics["parity_max_abs_diff"] == pytest.approx(3e-6)
     assert pooled.params["pid"] == "1,2,3"
+    assert pooled.params["ray_node"] == "a,a,b" and pooled.params["process_start"] == "forked"  # differs: listed
     failed = BenchResult("v", False)
     assert pool_repeats([process(1_000_000, 0.0, 1), failed], opts) is failed
