@@ -8,10 +8,8 @@ import os
 import platform
 import socket
 import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from orchestrator.placement import capacity_text, local_capacity
 from orchestrator.plan import Plan, make_plan
 from orchestrator.progress import Progress
 from orchestrator.report import plan_text, say, summary_rows, table
-from orchestrator.scheduler import Scheduler
+from orchestrator.scheduler import Scheduler, beside
 from orchestrator.signals import deferred
 from orchestrator.tracking import Tracker, existing_runs, resolve_uri, ui_command, ui_lines
 from orchestrator.variant import Variant
@@ -410,7 +408,7 @@ def run_sweep(
             # a local Ray's servers import torch & co. while Ray starts and the plan is recorded
             sched.start_fork_servers(plan.fork_servers(lambda spec: not sched.holds(spec)))
             run = SweepRun(plan, out_dir, tracker, sched)
-            with _beside(run.record_plan, command):  # the plan's runs are written while Ray starts
+            with beside(run.record_plan, command):  # the plan's runs are written while Ray starts
                 sched.start()
             links = ui_lines(tracker.uri, getattr(tracker, "experiment_id", None), run.parent)
             for line in links:
@@ -442,29 +440,6 @@ def run_sweep(
     for line in links:
         say(line)
     return run.by_job()
-
-
-@contextmanager
-def _beside(fn: Callable[..., Any], *args: Any) -> Iterator[None]:
-    """fn(*args) in a thread of its own while the block runs; its exception raised after the
-    block. The block's own exception waits for it too (a Ctrl-C during Ray's start still finds
-    the plan's runs whole, and closes them)."""
-    failed: list[BaseException] = []
-
-    def call() -> None:
-        try:
-            fn(*args)
-        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
-            failed.append(e)
-
-    thread = threading.Thread(target=call, name=getattr(fn, "__name__", "beside"), daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        thread.join()
-    if failed:
-        raise failed[0]
 
 
 def say_plan(plan: Plan) -> None:

@@ -101,13 +101,15 @@ class _ForkServerHost:
             first.wait()
 
     @staticmethod
-    def _wait_all(starting: list[Any]) -> None:
+    def _wait_all(starting: list[Any], warn: Any = lambda: True) -> None:
+        """Each start's end; a failed one is logged (when `warn()`): its runtime's benchmarks spawn."""
         for s in starting:
             if s is not None:
                 try:
                     s.wait()
                 except Exception as e:  # noqa: BLE001 - that runtime's benchmarks spawn their processes
-                    log.warning("%s", e)
+                    if warn():
+                        log.warning("%s", e)
 
     def ready(self) -> bool:
         return True
@@ -204,6 +206,29 @@ def check_reachable(address: str) -> None:
 
 
 START_LOCK = "phasesweep-ray-start.lock"  # in the machine's temp folder
+
+
+@contextmanager
+def beside(fn: Any, *args: Any) -> Iterator[None]:
+    """fn(*args) in a thread of its own while the block runs; its exception raised after the
+    block. The block's own exception waits for it too (a Ctrl-C during Ray's start still finds
+    the plan's runs whole, and closes them)."""
+    failed: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+            failed.append(e)
+
+    thread = threading.Thread(target=call, name=getattr(fn, "__name__", "beside"), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+    if failed:
+        raise failed[0]
 
 
 @contextmanager
@@ -415,15 +440,8 @@ class Scheduler:
                 self._servers.append(starting.proc)
         rest = [s for role, s in self._starting.items() if role != EXPORT_SERVER]
         self._starting = {r: s for r, s in self._starting.items() if r == EXPORT_SERVER}
-        threading.Thread(target=self._wait_local, args=(rest,), daemon=True).start()
-
-    def _wait_local(self, starting: list[Any]) -> None:
-        for s in starting:
-            try:
-                s.wait()
-            except Exception as e:  # noqa: BLE001 - that runtime's benchmarks spawn their processes
-                if self._servers:  # not ended by stop()
-                    log.warning("%s", e)
+        # a start that fails because stop() ended it is not worth a warning
+        threading.Thread(target=_ForkServerHost._wait_all, args=(rest, lambda: bool(self._servers)), daemon=True).start()
 
     def holds(self, spec: Any) -> bool:
         """Whether the export is in a local Ray's cache, sealed (submit() verifies it): then
@@ -520,23 +538,11 @@ class Scheduler:
         import signal
 
         handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-        failed: list[BaseException] = []
-
-        def stop() -> None:
-            try:
-                self.stop()
-            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
-                failed.append(e)
-
-        thread = threading.Thread(target=stop, name="scheduler-stop", daemon=True)
-        thread.start()
         try:
-            yield
+            with beside(self.stop):
+                yield
         finally:
-            thread.join()
             _restore_handlers(handlers)
-        if failed:
-            raise failed[0]
 
     def export_folder(self, planned: str, made: str) -> Path:
         """A folder on the driver's machine holding the export the plan calls `planned`: the
