@@ -9,13 +9,16 @@ once; a single run goes through the same orchestrator entry point and exit path 
 
 from pathlib import Path
 
-import hydra
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from tasks.heap import skip_final_collection
 
-from orchestrator.entry import run_or_exit
-from orchestrator.launcher import grid_settings
+skip_final_collection()  # before the imports below register exit handlers of their own: it runs after theirs
+import hydra  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from orchestrator.entry import run_or_exit  # noqa: E402
+from orchestrator.launcher import grid_settings  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="sweep")

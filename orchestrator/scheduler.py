@@ -24,6 +24,7 @@ from typing import Any
 
 from orchestrator.config import ClusterCfg, ConfigError
 from orchestrator.placement import BENCH_RESOURCE, Capacity, Request, capacity_of, local_capacity
+from tasks.heap import imports_uncollected
 from tasks.specs import Failure
 
 log = logging.getLogger("phasesweep")
@@ -356,6 +357,10 @@ class Scheduler:
         if self._started:
             return
         self._started = True
+        with imports_uncollected():  # Ray's import and start make objects to keep (tasks/heap.py)
+            self._start()
+
+    def _start(self) -> None:
         local = self.cluster.address is None
         if local:
             ray = _import_ray_on_loopback()

@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestrator.config import ConfigError, TrackingCfg
 from orchestrator.signals import Deferring
+from tasks.heap import imports_uncollected
 from tasks.machine import alive
 
 MAX_PARAMS, MAX_METRICS, MAX_TAG = 100, 1000, 5000  # MLflow's per-batch and per-value limits
@@ -273,12 +274,13 @@ class Tracker:
 
     def _connect(self, cfg: TrackingCfg, root: Path | None) -> None:
         try:
-            from mlflow.tracking import MlflowClient
+            with imports_uncollected():  # MLflow's import and a new store's migrations make objects to keep (tasks/heap.py)
+                from mlflow.tracking import MlflowClient
 
-            with _store_lock(self.uri), credentials_checked(self.uri):  # the first access creates the tables
-                # each call whole: a Ctrl-C waits for the write in flight (orchestrator.signals)
-                self._client = Deferring(MlflowClient(tracking_uri=self.uri))
-                self._experiment_id = self._experiment(cfg.experiment, root)
+                with _store_lock(self.uri), credentials_checked(self.uri):  # the first access creates the tables
+                    # each call whole: a Ctrl-C waits for the write in flight (orchestrator.signals)
+                    self._client = Deferring(MlflowClient(tracking_uri=self.uri))
+                    self._experiment_id = self._experiment(cfg.experiment, root)
         except BaseException as e:  # noqa: BLE001 - raised where the connection is first used
             self._error = e
 

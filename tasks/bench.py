@@ -112,6 +112,7 @@ def measure(
     total = 0  # sum of the timed durations, ns
     check_at = max(1, opts.min_iters)
     gc_enabled = gc.isenabled()
+    frozen_before = gc.get_freeze_count()  # a forked child holds its server's imports frozen (tasks/forks.py)
     gc.freeze()
     gc.disable()
     try:
@@ -140,7 +141,8 @@ def measure(
     finally:
         if gc_enabled:
             gc.enable()
-        gc.unfreeze()
+        if not frozen_before:  # gc has no partial unfreeze: what was frozen before the window stays so
+            gc.unfreeze()
     rel = median_ci_rel(samples)
     return Measurement(
         samples,

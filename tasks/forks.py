@@ -45,6 +45,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from tasks.heap import imports_uncollected
 from tasks.machine import alive, die_with_parent
 
 SOCKET = "forks.sock"
@@ -123,8 +124,12 @@ def _child(conn: Connection, job: bytes, listener: socket.socket, others: Iterab
 
 def serve(folder: Path, watch_pid: int | None, preload: Iterable[str], idle_s: float = IDLE_S) -> None:
     """Import `preload`, listen on folder/forks.sock, fork a child per connection; end when
-    `watch_pid` ends or after `idle_s` without a task."""
-    _preload(preload)
+    `watch_pid` ends or after `idle_s` without a task.
+
+    The imports run with the cyclic collector off and are then frozen (tasks/heap.py): the
+    server starts faster, and a child's collections walk only the child's own objects."""
+    with imports_uncollected():
+        _preload(preload)
     path = folder / SOCKET
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

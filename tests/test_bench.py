@@ -155,6 +155,21 @@ def test_garbage_collector_is_off_only_while_sampling():
     assert gc.isenabled()
 
 
+def test_what_was_frozen_before_the_timed_window_stays_frozen():
+    """A forked benchmark's server froze its imports (tasks/forks.py); gc has no partial
+    unfreeze, so the window leaves a frozen heap frozen (and thaws only what it froze itself)."""
+    gc.unfreeze()
+    measure(lambda: None, BenchOptions(min_iters=10, **QUICK), timer=FakeClock([1_000_000] * 100))
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        measure(lambda: None, BenchOptions(min_iters=10, **QUICK), timer=FakeClock([1_000_000] * 100))
+        assert gc.get_freeze_count() >= frozen > 0
+    finally:
+        gc.unfreeze()
+
+
 # -- statistics -------------------------------------------------------------------------------
 
 

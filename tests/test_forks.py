@@ -23,8 +23,11 @@ HERE = Path(__file__).resolve().parent
 
 
 def whoami(_):
+    import gc
+
     return {
         "pid": os.getpid(),
+        "gc": (gc.isenabled(), gc.get_freeze_count()),
         "parent": os.getppid(),
         "forked": forks.FORKED,
         "modules": "json" in sys.modules,
@@ -99,6 +102,8 @@ def test_each_job_runs_in_a_child_forked_for_it_alone(server):
     assert a["pid"] != b["pid"] and os.getpid() not in (a["pid"], b["pid"])
     assert a["parent"] == b["parent"] == server_pid(folder)  # the server forked both
     assert a["forked"] and b["forked"] and a["modules"]  # what the server preloaded is there
+    # the server's imports are frozen (tasks/heap.py): the child's collector, on, walks only its own objects
+    assert a["gc"][0] and a["gc"][1] > 0, a["gc"]
     assert not forks.FORKED  # this process was not forked by a server
 
 

@@ -1,0 +1,67 @@
+"""tasks/heap.py: the cyclic collector off while a process imports, what the imports made
+frozen after; at exit, no last walk of the heap."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+
+import pytest
+
+from tasks.heap import imports_uncollected
+from tests.conftest import ROOT
+
+
+@pytest.fixture
+def thawed():
+    """Whatever a test froze goes back to the collector's generations afterwards."""
+    yield
+    gc.unfreeze()
+    gc.enable()
+
+
+def test_imports_run_uncollected_and_what_they_made_is_frozen(thawed):
+    gc.unfreeze()
+    kept = []
+    with imports_uncollected():
+        assert not gc.isenabled()
+        kept.extend([i] for i in range(1000))  # objects the collector tracks, as an import's are
+    assert gc.isenabled()
+    assert gc.get_freeze_count() >= 1000  # frozen: no later collection walks them
+
+
+def test_the_collector_is_left_as_it_was_even_when_the_block_raises(thawed):
+    gc.disable()
+    with imports_uncollected():
+        pass
+    assert not gc.isenabled()  # it was off: it stays off
+    gc.enable()
+    with pytest.raises(RuntimeError), imports_uncollected():
+        raise RuntimeError("an import failed")
+    assert gc.isenabled()
+
+
+def ends_with(*code: str) -> str:
+    """What a Python process prints when it runs `code` and exits: a cycle with a finalizer
+    (collected only by the interpreter's last collection) says so in its __del__."""
+    program = "\n".join(
+        [
+            "import sys",
+            f"sys.path.insert(0, {str(ROOT)!r})",
+            *code,
+            "class Cycle:",
+            "    def __del__(self):",
+            "        print('collected at exit', flush=True)",
+            "c = Cycle(); c.me = c; del c",
+            "print('done', flush=True)",
+        ]
+    )
+    return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True).stdout
+
+
+def test_skip_final_collection_spares_the_heap_walk_at_exit():
+    gc_at_exit = ends_with("import gc; gc.disable()")  # the cycle outlives every collection but the last
+    assert gc_at_exit.split() == ["done", "collected", "at", "exit"]
+    skipped = ends_with("import gc; gc.disable()", "from tasks.heap import skip_final_collection", "skip_final_collection()")
+    assert skipped.split() == ["done"]  # frozen after the exit handlers: never walked, never finalized
