@@ -9,9 +9,9 @@ once; a single run goes through the same orchestrator entry point and exit path 
 
 from pathlib import Path
 
-from tasks.heap import skip_final_collection
+from tasks.heap import manage_process
 
-skip_final_collection()  # before the imports below register exit handlers of their own: it runs after theirs
+manage_process()  # the driver's process is phasesweep's own: before the imports below register exit handlers
 import hydra  # noqa: E402
 from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402

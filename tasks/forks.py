@@ -304,6 +304,9 @@ def run(conn: Connection, fn: Callable[[Any], Any], spec: Any, timeout_s: float 
 
 if __name__ == "__main__":
     from tasks import forks as _this  # the module by its name, not __main__: its children set tasks.forks.FORKED
+    from tasks.heap import manage_process
+
+    manage_process()  # its imports frozen for its children (serve)
 
     _folder, _watch, *_modules = sys.argv[1:]
     _this.serve(Path(_folder), int(_watch) or None, _modules)

@@ -250,6 +250,8 @@ def sweep_app(monkeypatch):
     root, ours = logging.getLogger(), logging.getLogger("phasesweep")
     saved = root.level, root.handlers[:], ours.level, ours.handlers[:], ours.propagate
     GlobalHydra.instance().clear()
+    # pytest's process only calls into phasesweep: its heap is not frozen (tasks/heap.py)
+    monkeypatch.setattr("tasks.heap.manage_process", lambda: None)
 
     def app(*argv: str) -> None:
         monkeypatch.setattr(sys, "argv", ["sweep.py", *argv])

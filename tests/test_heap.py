@@ -1,5 +1,6 @@
-"""tasks/heap.py: the cyclic collector off while a process imports, what the imports made
-frozen after; at exit, no last walk of the heap."""
+"""tasks/heap.py: in phasesweep's own processes, the cyclic collector off while they import
+and what the imports made frozen after; at exit, no last walk of the heap. A process that
+only calls into phasesweep (this one) keeps its collector as it is."""
 
 from __future__ import annotations
 
@@ -9,20 +10,22 @@ import sys
 
 import pytest
 
+from tasks import heap
 from tasks.heap import imports_uncollected
 from tests.conftest import ROOT
 
 
 @pytest.fixture
-def thawed():
-    """Whatever a test froze goes back to the collector's generations afterwards."""
+def managed(monkeypatch):
+    """This process as if it were phasesweep's own; whatever a test froze is thawed after."""
+    monkeypatch.setattr(heap, "_managed", True)
+    gc.unfreeze()
     yield
     gc.unfreeze()
     gc.enable()
 
 
-def test_imports_run_uncollected_and_what_they_made_is_frozen(thawed):
-    gc.unfreeze()
+def test_imports_run_uncollected_and_what_they_made_is_frozen(managed):
     kept = []
     with imports_uncollected():
         assert not gc.isenabled()
@@ -31,7 +34,17 @@ def test_imports_run_uncollected_and_what_they_made_is_frozen(thawed):
     assert gc.get_freeze_count() >= 1000  # frozen: no later collection walks them
 
 
-def test_the_collector_is_left_as_it_was_even_when_the_block_raises(thawed):
+def test_overlapping_blocks_keep_the_collector_off_until_the_last_ends(managed):
+    outer = imports_uncollected()
+    outer.__enter__()  # one thread's block (MLflow's import) ...
+    with imports_uncollected():  # ... and another's (Ray's start), ending first
+        pass
+    assert not gc.isenabled() and gc.get_freeze_count() == 0
+    outer.__exit__(None, None, None)
+    assert gc.isenabled() and gc.get_freeze_count() > 0
+
+
+def test_the_collector_is_left_as_it_was_even_when_the_block_raises(managed):
     gc.disable()
     with imports_uncollected():
         pass
@@ -40,6 +53,14 @@ def test_the_collector_is_left_as_it_was_even_when_the_block_raises(thawed):
     with pytest.raises(RuntimeError), imports_uncollected():
         raise RuntimeError("an import failed")
     assert gc.isenabled()
+
+
+def test_a_process_that_only_calls_phasesweep_keeps_its_collector():
+    assert not heap._managed  # pytest's process: sweep_app keeps sweep.py from managing it
+    frozen = gc.get_freeze_count()
+    with imports_uncollected():
+        assert gc.isenabled()
+    assert gc.get_freeze_count() == frozen
 
 
 def ends_with(*code: str) -> str:
@@ -60,8 +81,8 @@ def ends_with(*code: str) -> str:
     return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True).stdout
 
 
-def test_skip_final_collection_spares_the_heap_walk_at_exit():
+def test_a_managed_process_skips_the_heap_walk_at_exit():
     gc_at_exit = ends_with("import gc; gc.disable()")  # the cycle outlives every collection but the last
     assert gc_at_exit.split() == ["done", "collected", "at", "exit"]
-    skipped = ends_with("import gc; gc.disable()", "from tasks.heap import skip_final_collection", "skip_final_collection()")
+    skipped = ends_with("import gc; gc.disable()", "from tasks.heap import manage_process", "manage_process()")
     assert skipped.split() == ["done"]  # frozen after the exit handlers: never walked, never finalized
