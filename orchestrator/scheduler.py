@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +102,7 @@ class _ForkServerHost:
             first.wait()
 
     @staticmethod
-    def _wait_all(starting: list[Any], warn: Any = lambda: True) -> None:
+    def _wait_all(starting: list[Any], warn: Callable[[], bool] = lambda: True) -> None:
         """Each start's end; a failed one is logged (when `warn()`): its runtime's benchmarks spawn."""
         for s in starting:
             if s is not None:
@@ -276,17 +276,6 @@ def _restore_handlers(handlers: dict[int, Any]) -> None:
                 signal.signal(sig, handler)
 
 
-def _restore_sigterm(handler: Any) -> None:
-    """ray.init replaces the driver's SIGTERM handler (with sys.exit(15), and a C++ handler
-    that dumps a stack and aborts: exit 134); put the driver's back, so SIGTERM unwinds
-    through its exit path, closes every run and exits 143."""
-    import signal
-    import threading
-
-    if callable(handler) and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
-
-
 def root_cause(e: BaseException) -> tuple[str, str]:
     """(one line naming the root cause, the full text) of a Ray error: a task's own
     exception rather than Ray's coloured worker header."""
@@ -391,7 +380,11 @@ class Scheduler:
                 check_reachable(self.cluster.address)
                 ray.init(address=self.cluster.address, **common)
             self.owned = True
-            _restore_sigterm(sigterm)
+            # ray.init replaces the driver's SIGTERM handler (with sys.exit(15), and a C++ handler
+            # that dumps a stack and aborts: exit 134); the driver's goes back, so SIGTERM unwinds
+            # through its exit path, closes every run and exits 143
+            if callable(sigterm):
+                _restore_handlers({signal.SIGTERM: sigterm})
         # each kind's remote function (the work itself runs in a fresh child process of the
         # worker's: tasks/jobs.in_fresh_process); captures in a worker that ends after them
         self._remote = {

@@ -273,13 +273,13 @@ def test_the_submitted_mission_records_every_variant_on_the_server(submitted):
         assert model.split("/artifacts/", 1)[1] in stored, (model, stored)
 
 
-@needs_postgres
 def per_repeat(params: dict, key: str) -> list[str]:
     """A param's value for each of the variant's processes (listed where they differ)."""
     values = params[key].split(",")
     return values * REPEATS if len(values) == 1 else values
 
 
+@needs_postgres
 def test_benchmarks_ran_on_both_nodes_and_exports_crossed_between_them(submitted):
     cluster, _, _, runs, _, _, _ = submitted
     variants = [r for r in runs if fields(r, "tags").get("phasesweep.role") == "variant"]
