@@ -180,6 +180,8 @@ def test_the_sweeps_measured_what_they_were_given(sweeps):
         assert run.data.params["runtime.spin_us"] == str(SPINS[name])
         assert run.data.params["bench.threads"] == "1" and run.data.metrics["iterations"] >= 100
         assert run.data.metrics["machine_probe_us"] > 0
+        # a runtime from outside the repository preloads in its fork server like ours (PRELOAD)
+        assert run.data.params["runtime.imports_after_fork"] == "none"
     assert runs["rerun"].data.tags["export_cache_hit"] == "True"
     assert runs["candidate"].data.tags["export_cache_hit"] == "True"
     # the spin is wall-clock time inside every timed call: no quieter machine takes it away

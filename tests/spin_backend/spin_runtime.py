@@ -26,12 +26,17 @@ import signal
 import time
 from dataclasses import dataclass
 
+from tasks.runtimes.eager import PRELOAD as EAGER_PRELOAD
 from tasks.specs import at_least, choice
 
 FAULTS = ("none", "raise", "hang", "exit", "segv", "oom")
 OOM_LIMIT_BYTES = 2 << 30  # the address space the `oom` fault may fill
 
 LIBRARIES = ("torch", "transformers")
+# what its fork server imports once for its benchmarks (tasks/forks.py): eager's, and this
+# module itself; without it each benchmark imported torch and transformers after its fork
+# (6-7 s here, `runtime.imports_after_fork` on its run listed them)
+PRELOAD = (*EAGER_PRELOAD, "spin_runtime")
 MEMORY_FACTOR = 1.5
 DTYPES = {"cpu": ("float32", "float16", "bfloat16")}  # model dtypes it runs, by device
 
