@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +208,8 @@ def check_reachable(address: str) -> None:
 
 
 START_LOCK = "phasesweep-ray-start.lock"  # in the machine's temp folder
+NODE_START_TIMEOUT = "The current node timed out during startup"  # Ray's words when a raylet missed its 30 s
+LOCAL_START_ATTEMPTS = 3
 
 
 @contextmanager
@@ -250,6 +253,49 @@ def _one_start_at_a_time() -> Iterator[None]:
     with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
+
+
+def _start_local(start: Callable[[], Any], attempts: int = LOCAL_START_ATTEMPTS) -> None:
+    """`start()` (ray.init of a local Ray), again when its raylet missed Ray's fixed 30 s to
+    register with the GCS ("The current node timed out during startup"): on a busy machine a
+    single start missed it (seen beside the two-node cluster test on 2 cores). What a failed
+    start had started is ended each time, its agents included (orchestrator/reaper.py)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            start()
+            return
+        except Exception as e:
+            if NODE_START_TIMEOUT not in str(e):
+                raise
+            ended = _end_failed_start(e)
+            if attempt == attempts:
+                raise
+            log.warning(
+                "the local Ray did not start: its raylet did not register within Ray's 30 s (a busy "
+                "machine); ended what it had started (%d processes), starting it again (%d of %d)",
+                ended, attempt + 1, attempts,
+            )
+
+
+def _end_failed_start(e: BaseException) -> int:
+    """End the processes of a local Ray whose start raised `e`: Ray's node object, found in the
+    traceback (ray.init never returns it), lists them, and the watchdog ends what they started
+    (the raylet's agents). Returns how many processes the node listed."""
+    from orchestrator import reaper
+
+    node, tb = None, e.__traceback__
+    while tb is not None:  # the innermost frame of the node's __init__ holds it as `self`
+        candidate = tb.tb_frame.f_locals.get("self")
+        if all(hasattr(candidate, a) for a in ("all_processes", "kill_all_processes", "get_session_dir_path")):
+            node = candidate
+        tb = tb.tb_next
+    if node is None:
+        return 0
+    pids = [info.process.pid for infos in node.all_processes.values() for info in infos]
+    watchdog = reaper.watch(node.get_session_dir_path(), pids)
+    node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
+    watchdog.close()  # its pipe closed: it ends what is left of that session, then exits
+    return len(pids)
 
 
 def _watch_local_session(ray: Any) -> Any:
@@ -363,18 +409,20 @@ class Scheduler:
             common = {"log_to_driver": False, "logging_level": "warning", "configure_logging": True}
             if local:
                 cap = self.capacity or local_capacity(self.cluster.num_cpus)
+                start = partial(
+                    ray.init,
+                    address="local",  # a Ray of its own, even beside a cluster started on this machine
+                    num_cpus=cap.cpus,  # what the plan was made on, exactly
+                    num_gpus=cap.gpus,
+                    _memory=cap.memory,  # Ray's "memory" resource (ray.init's own name for it)
+                    resources={BENCH_RESOURCE: 1},
+                    include_dashboard=self.cluster.dashboard,
+                    dashboard_host="127.0.0.1",
+                    _node_ip_address="127.0.0.1",
+                    **common,
+                )
                 with _one_start_at_a_time():
-                    ray.init(
-                        address="local",  # a Ray of its own, even beside a cluster started on this machine
-                        num_cpus=cap.cpus,  # what the plan was made on, exactly
-                        num_gpus=cap.gpus,
-                        _memory=cap.memory,  # Ray's "memory" resource (ray.init's own name for it)
-                        resources={BENCH_RESOURCE: 1},
-                        include_dashboard=self.cluster.dashboard,
-                        dashboard_host="127.0.0.1",
-                        _node_ip_address="127.0.0.1",
-                        **common,
-                    )
+                    _start_local(start)
                 self.watchdog = _watch_local_session(ray)
             else:
                 check_reachable(self.cluster.address)

@@ -148,3 +148,74 @@ def test_only_a_complete_verified_entry_is_a_cache_hit(planned_variant, tmp_path
     (unsealed / MANIFEST).unlink()
     assert cached_export(spec, unsealed) is None
     assert cached_export(spec, tmp_path / "absent") is None
+
+
+# -- a local start whose raylet missed Ray's 30 s ---------------------------------------------
+
+
+class _FailedNode:
+    """Ray's Node as a start that timed out leaves it: its processes alive, an agent of its
+    raylet among them (named by its session folder, as Ray's agents are)."""
+
+    made: list[_FailedNode] = []
+
+    def __init__(self, session: Path):
+        import subprocess
+        import sys
+
+        _FailedNode.made.append(self)
+        self.session = session
+        self.raylet = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        self.agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(session / "agent")])
+        self.all_processes = {"raylet": [SimpleNamespace(process=self.raylet)]}
+        raise Exception("The current node timed out during startup. This could happen because ...")
+
+    def get_session_dir_path(self) -> str:
+        return str(self.session)
+
+    def kill_all_processes(self, check_alive: bool, allow_graceful: bool, wait: bool) -> None:
+        self.raylet.kill()
+        self.raylet.wait()
+
+
+def test_a_local_start_that_timed_out_is_ended_and_made_again(tmp_path, caplog):
+    from orchestrator.scheduler import _start_local
+
+    calls = []
+
+    def start():
+        calls.append(1)
+        if len(calls) == 1:
+            _FailedNode(tmp_path)
+
+    with caplog.at_level("WARNING", logger="phasesweep"):
+        _start_local(start)
+    assert len(calls) == 2
+    (node,) = _FailedNode.made[-1:]
+    assert node.raylet.poll() is not None  # what Ray's node listed, ended by it
+    assert node.agent.wait(timeout=30) is not None  # what it did not list, ended by the watchdog
+    assert "did not register within Ray's 30 s" in caplog.text and "starting it again (2 of 3)" in caplog.text
+
+
+def test_a_local_start_fails_as_it_failed_after_its_last_attempt_or_on_another_error(tmp_path):
+    from orchestrator.scheduler import _start_local
+
+    calls = []
+
+    def timed_out():
+        calls.append(1)
+        _FailedNode(tmp_path / str(len(calls)))
+
+    with pytest.raises(Exception, match="The current node timed out during startup"):
+        _start_local(timed_out, attempts=2)
+    assert len(calls) == 2
+    for node in _FailedNode.made[-2:]:  # the last start's processes ended too, before its error
+        assert node.raylet.poll() is not None and node.agent.wait(timeout=30) is not None
+
+    def refused():
+        calls.append(1)
+        raise ConnectionError("port taken")
+
+    with pytest.raises(ConnectionError, match="port taken"):
+        _start_local(refused)
+    assert len(calls) == 3  # not tried again
