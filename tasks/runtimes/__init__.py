@@ -12,7 +12,8 @@ provides:
   PROFILER: str                (optional) the profiler its session's profile() uses:
                                bench.profile=true needs one (tasks/profiles.py)
   PRELOAD: tuple[str, ...]     (optional) modules a node's fork server imports once for
-                               its benchmarks (tasks/forks.py)
+                               its benchmarks (tasks/forks.py); without it each benchmark
+                               imports them after its fork (runtime.imports_after_fork)
 """
 
 from __future__ import annotations
