@@ -91,18 +91,27 @@ def block_bootstrap_medians(sketches: np.ndarray, rng: np.random.Generator, resa
 
 
 def verdict(
-    ci_low: float, ci_high: float, p: float, min_effect: float = 0.05, alpha: float = 0.05, call: float | None = None
+    ci_low: float,
+    ci_high: float,
+    p: float,
+    min_effect: float = 0.05,
+    alpha: float = 0.05,
+    call: float | None = None,
+    speed: float = 1.0,
 ) -> str:
     """slower / faster / same / inconclusive from the ratio's interval and a (corrected) p-value.
 
     `faster` mirrors `slower` additively (interval below 1 - min_effect), so `same` is the band
     [1 - min_effect, 1 + min_effect] and an effect counts once it leaves it either way.
     `call` (default min_effect) is the effect a slower/faster verdict needs: larger for runs on
-    shared cores, while `same` keeps the min_effect band (in between: inconclusive)."""
+    shared cores, while `same` keeps the min_effect band (in between: inconclusive).
+    `speed` (the candidate's machine-speed probe over the baseline's, for a disturbed variant)
+    is a change the machine made by itself: a verdict must go beyond it by min_effect too (a
+    probe 2x slower in the candidate's run explains a 2x slower candidate)."""
     call = min_effect if call is None else call
-    if ci_low > 1 + call and p < alpha:
+    if ci_low > max(1 + call, speed * (1 + min_effect)) and p < alpha:
         return "slower"
-    if ci_high < 1 - call and p < alpha:
+    if ci_high < min(1 - call, speed * (1 - min_effect)) and p < alpha:
         return "faster"
     if 1 - min_effect <= ci_low and ci_high <= 1 + min_effect:
         return "same"
@@ -179,6 +188,7 @@ def compare_sweeps(
     resamples: int = 2000,
     seed: int = 0,
     disturbed: Mapping[str, str] | None = None,
+    speeds: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """{variant: samples} of two sweeps -> per-variant comparisons (Holm across the variants in
     both, `p_holm` and the final `verdict`) and the variants only one sweep has.
@@ -186,8 +196,10 @@ def compare_sweeps(
     A variant in `disturbed` ({name: why}, see disturbance()) is called slower or faster only
     beyond DISTURBED_MIN_EFFECT: the interval of each run describes the noise within that run,
     not a load or a machine speed that changed between the two, so only a large change is
-    called; `same` still needs the min_effect band."""
-    disturbed = disturbed or {}
+    called, and only one beyond the machine's own speed change (`speeds`, {name: the
+    candidate's probe / the baseline's}, see speed_change()); `same` still needs the
+    min_effect band."""
+    disturbed, speeds = disturbed or {}, speeds or {}
     common = sorted(set(baseline) & set(candidate))
     results = [
         {"variant": name, **compare_samples(baseline[name], candidate[name], min_effect, alpha, resamples, seed)}
@@ -196,8 +208,8 @@ def compare_sweeps(
     for r, p in zip(results, holm([r["p_value"] for r in results]), strict=True):
         r["p_holm"] = p
         r["disturbed"] = disturbed.get(r["variant"])
-        call = max(min_effect, DISTURBED_MIN_EFFECT) if r["disturbed"] else min_effect
-        r["verdict"] = verdict(r["ratio_ci_low"], r["ratio_ci_high"], p, min_effect, alpha, call)
+        call, speed = (max(min_effect, DISTURBED_MIN_EFFECT), speeds.get(r["variant"], 1.0)) if r["disturbed"] else (min_effect, 1.0)
+        r["verdict"] = verdict(r["ratio_ci_low"], r["ratio_ci_high"], p, min_effect, alpha, call, speed)
     return {
         "min_effect": min_effect,
         "alpha": alpha,
@@ -220,17 +232,21 @@ class Conditions:
         return cls(metrics.get("shared_cores", 0.0) >= 1, metrics.get("machine_probe_us"))
 
 
+def speed_change(base: Conditions, cand: Conditions) -> float | None:
+    """The candidate's machine-speed probe median over the baseline's (> 1: the machine ran
+    the same code slower in the candidate's run); None when either run has no probe."""
+    return cand.probe_us / base.probe_us if base.probe_us and cand.probe_us else None
+
+
 def disturbance(base: Conditions, cand: Conditions, min_effect: float) -> str | None:
     """Why two runs' latencies may not compare, or None: the bench cores were shared in either,
-    or the machine-speed probe's medians differ by more than min_effect (the same code ran at
-    another speed: the change is the machine's, not the candidate's)."""
-    if base.shared_cores or cand.shared_cores:
-        return "shared cores"
-    if base.probe_us and cand.probe_us:
-        speed = cand.probe_us / base.probe_us  # > 1: the candidate's machine was slower
-        if abs(speed - 1) > min_effect:
-            return f"machine speed {1 / speed:.2f}x"
-    return None
+    and/or the machine-speed probe's medians differ by more than min_effect (the same code ran
+    at another speed: the change is the machine's, not the candidate's)."""
+    why = ["shared cores"] if base.shared_cores or cand.shared_cores else []
+    speed = speed_change(base, cand)
+    if speed is not None and abs(speed - 1) > min_effect:
+        why.append(f"machine speed {1 / speed:.2f}x")
+    return "; ".join(why) or None
 
 
 def compare_rows(report: dict[str, Any]) -> list[dict[str, str]]:
@@ -421,7 +437,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in set(base_cond) & set(cand_cond)
         if (why := disturbance(base_cond[name], cand_cond[name], args.min_effect))
     }
-    report = compare_sweeps(base, cand, args.min_effect, args.alpha, args.resamples, disturbed=disturbed)
+    speeds = {
+        name: speed
+        for name in disturbed
+        if (speed := speed_change(base_cond[name], cand_cond[name])) is not None
+    }
+    report = compare_sweeps(
+        base, cand, args.min_effect, args.alpha, args.resamples, disturbed=disturbed, speeds=speeds
+    )
     report.update(
         baseline=base_id, candidate=cand_id, without_samples={"baseline": base_missing, "candidate": cand_missing}
     )

@@ -18,6 +18,7 @@ from orchestrator.compare import (
     disturbance,
     holm,
     main,
+    speed_change,
     verdict,
 )
 
@@ -143,6 +144,8 @@ def test_disturbances():
     assert disturbance(quiet, Conditions(probe_us=125.0), 0.05) == "machine speed 0.80x"
     assert disturbance(Conditions(probe_us=125.0), quiet, 0.05) == "machine speed 1.25x"
     assert disturbance(quiet, Conditions(shared_cores=True, probe_us=100.0), 0.05) == "shared cores"
+    assert disturbance(quiet, Conditions(shared_cores=True, probe_us=200.0), 0.05) == "shared cores; machine speed 0.50x"
+    assert speed_change(quiet, Conditions(probe_us=200.0)) == 2.0 and speed_change(Conditions(), quiet) is None
     assert disturbance(Conditions(), quiet, 0.05) is None  # a run from before the probe: nothing to judge by
     assert Conditions.of({"shared_cores": 1.0, "machine_probe_us": 80.0}) == Conditions(True, 80.0)
     # a disturbed variant needs a 50% change to be called; same stays the min-effect band
@@ -311,3 +314,25 @@ def test_shared_cores_need_a_large_effect_to_call_and_never_make_same_easier():
     # "same" keeps the min-effect band whatever the cores
     assert verdict(0.99, 1.01, 0.5, 0.05, 0.05, call=DISTURBED_MIN_EFFECT) == "same"
     assert verdict(0.74, 0.76, 1e-9, 0.05, 0.05, call=DISTURBED_MIN_EFFECT) == "inconclusive"
+
+
+def test_a_change_the_machine_made_itself_is_not_the_candidates():
+    """Seen in the suite beside a sweep: the same graph measured twice, the candidate on shared
+    cores while the machine-speed probe ran 1.97x slower too, and its latency 1.96x: called
+    slower by the 50% rule alone. A disturbed verdict must also go beyond the probe's change."""
+    from orchestrator.compare import DISTURBED_MIN_EFFECT, verdict
+
+    assert verdict(1.6, 2.02, 1e-9, 0.05, 0.05, call=DISTURBED_MIN_EFFECT) == "slower"
+    assert verdict(1.6, 2.02, 1e-9, 0.05, 0.05, call=DISTURBED_MIN_EFFECT, speed=1.97) == "inconclusive"
+    assert verdict(2.2, 2.4, 1e-9, 0.05, 0.05, call=DISTURBED_MIN_EFFECT, speed=1.97) == "slower"  # beyond it
+    assert verdict(2.2, 2.4, 1e-9, 0.05, 0.05, call=DISTURBED_MIN_EFFECT, speed=0.5) == "slower"  # a faster machine hides nothing
+    assert verdict(0.46, 0.49, 1e-9, 0.05, 0.05, call=DISTURBED_MIN_EFFECT, speed=0.5) == "inconclusive"
+    assert verdict(0.40, 0.45, 1e-9, 0.05, 0.05, call=DISTURBED_MIN_EFFECT, speed=0.5) == "faster"
+    rng = np.random.default_rng(3)
+    base, cand = {"v": stalls(rng, 4000)}, {"v": stalls(rng, 1000, median_ms=0.07 * 1.96)}
+    (row,) = compare_sweeps(base, cand, disturbed={"v": "shared cores; machine speed 0.51x"})["variants"]
+    assert row["verdict"] == "slower"
+    (row,) = compare_sweeps(base, cand, disturbed={"v": "shared cores; machine speed 0.51x"}, speeds={"v": 1.97})["variants"]
+    assert row["verdict"] == "inconclusive"
+    (row,) = compare_sweeps(base, cand, speeds={"v": 1.97})["variants"]  # not disturbed: the speed is not used
+    assert row["verdict"] == "slower"
