@@ -249,6 +249,16 @@ def disturbance(base: Conditions, cand: Conditions, min_effect: float) -> str | 
     return "; ".join(why) or None
 
 
+def disturbances(
+    base: Mapping[str, Conditions], cand: Mapping[str, Conditions], min_effect: float
+) -> tuple[dict[str, str], dict[str, float]]:
+    """compare_sweeps' `disturbed` and `speeds` from each variant's conditions in both sweeps:
+    why each disturbed variant's runs may not compare, and the machine's speed change for those."""
+    disturbed = {name: why for name in set(base) & set(cand) if (why := disturbance(base[name], cand[name], min_effect))}
+    speeds = {name: speed for name in disturbed if (speed := speed_change(base[name], cand[name])) is not None}
+    return disturbed, speeds
+
+
 def compare_rows(report: dict[str, Any]) -> list[dict[str, str]]:
     """The table's rows: one per compared variant, then one per variant only one sweep has."""
     rows = [
@@ -432,16 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
 
-    disturbed = {
-        name: why
-        for name in set(base_cond) & set(cand_cond)
-        if (why := disturbance(base_cond[name], cand_cond[name], args.min_effect))
-    }
-    speeds = {
-        name: speed
-        for name in disturbed
-        if (speed := speed_change(base_cond[name], cand_cond[name])) is not None
-    }
+    disturbed, speeds = disturbances(base_cond, cand_cond, args.min_effect)
     report = compare_sweeps(
         base, cand, args.min_effect, args.alpha, args.resamples, disturbed=disturbed, speeds=speeds
     )

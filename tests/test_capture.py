@@ -209,7 +209,7 @@ CAPTURED = ["phase=captured", f"phase.app={EXAMPLE}", "phase.capture.select=firs
 
 @pytest.mark.slow
 def test_a_captured_sweep_beside_a_synthetic_decode_of_the_same_shape(tmp_path, mlflow_db, cache_override):
-    from orchestrator.compare import Conditions, compare_sweeps, disturbance, speed_change
+    from orchestrator.compare import Conditions, compare_sweeps, disturbances
 
     client, run = _sweep(tmp_path, mlflow_db, cache_override, ["phase=decode", "phase.context_len=128", *BENCH],
                          [*CAPTURED, *BENCH])
@@ -241,12 +241,10 @@ def test_a_captured_sweep_beside_a_synthetic_decode_of_the_same_shape(tmp_path, 
     for name in (synthetic, decode):
         path = client.download_artifacts(kids[name].info.run_id, "latency_samples.json", str(tmp_path / name))
         samples[name] = json.loads(Path(path).read_text())["samples"]
-    conditions = Conditions.of(kids[synthetic].data.metrics), Conditions.of(kids[decode].data.metrics)
-    why, speed = disturbance(*conditions, 0.05), speed_change(*conditions)
-    report = compare_sweeps(
-        {"decode": samples[synthetic]}, {"decode": samples[decode]},
-        disturbed={"decode": why} if why else {}, speeds={"decode": speed} if speed else {},
+    disturbed, speeds = disturbances(
+        {"decode": Conditions.of(kids[synthetic].data.metrics)}, {"decode": Conditions.of(kids[decode].data.metrics)}, 0.05
     )
+    report = compare_sweeps({"decode": samples[synthetic]}, {"decode": samples[decode]}, disturbed=disturbed, speeds=speeds)
     (row,) = report["variants"]
     assert row["verdict"] in ("same", "inconclusive"), row
 

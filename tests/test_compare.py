@@ -16,6 +16,7 @@ from orchestrator.compare import (
     compare_samples,
     compare_sweeps,
     disturbance,
+    disturbances,
     holm,
     main,
     speed_change,
@@ -336,3 +337,7 @@ def test_a_change_the_machine_made_itself_is_not_the_candidates():
     assert row["verdict"] == "inconclusive"
     (row,) = compare_sweeps(base, cand, speeds={"v": 1.97})["variants"]  # not disturbed: the speed is not used
     assert row["verdict"] == "slower"
+    quiet, slow = Conditions(probe_us=58.8), Conditions(shared_cores=True, probe_us=116.0)
+    assert disturbances({"v": quiet, "w": quiet}, {"v": slow, "w": quiet}, 0.05) == (
+        {"v": "shared cores; machine speed 0.51x"}, {"v": pytest.approx(116.0 / 58.8)}
+    )
