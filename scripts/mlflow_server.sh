@@ -132,8 +132,17 @@ stop_mlflow() {
 }
 
 stop_pg() {
+  local pid i
   if pg_running; then
+    pid="$(head -n 1 "$pgdata/postmaster.pid" 2>/dev/null)"
     pg pg_ctl stop -D "$pgdata" -m fast -w -t 60 >/dev/null
+    # pg_ctl returns once postmaster.pid is gone, which the postmaster removes just before it
+    # exits: wait for the process itself, so that "stopped" means no process is left (a zombie,
+    # where nothing reaps it, counts as gone)
+    for ((i = 0; i < 100; i++)); do
+      case "$(ps -o stat= -p "${pid:-0}" 2>/dev/null)" in "" | Z*) break ;; esac
+      sleep 0.1
+    done
     say "PostgreSQL: stopped"
   else
     say "PostgreSQL: not running"
