@@ -137,10 +137,11 @@ stop_pg() {
     pid="$(head -n 1 "$pgdata/postmaster.pid" 2>/dev/null)"
     pg pg_ctl stop -D "$pgdata" -m fast -w -t 60 >/dev/null
     # pg_ctl returns once postmaster.pid is gone, which the postmaster removes just before it
-    # exits: wait for the process itself, so that "stopped" means no process is left (a zombie,
-    # where nothing reaps it, counts as gone)
+    # exits: wait for the postmaster itself (pg_ctl starts it as a session leader; in_session
+    # skips a zombie nothing reaps). It outlives every child it shut down, so "stopped" means
+    # no process of PostgreSQL is left
     for ((i = 0; i < 100; i++)); do
-      case "$(ps -o stat= -p "${pid:-0}" 2>/dev/null)" in "" | Z*) break ;; esac
+      [ -z "$(in_session "${pid:-0}")" ] && break
       sleep 0.1
     done
     say "PostgreSQL: stopped"
