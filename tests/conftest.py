@@ -9,8 +9,8 @@
   `planned_variant(...)` fill it through the planner, so a sweep given `cluster.export_cache=`
   that folder (`cache_override`) finds the same entries, and each export is made once
   (`planned_variant.prefetch(...)` shares a module's exports with a background process).
-- `mlflow_db(folder)`: an MLflow sqlite store whose tables are already created (MLflow's
-  migrations take seconds; they run once a session).
+- `mlflow_db(folder)`: an MLflow sqlite store whose tables are already created (a copy of
+  the session's store template: MLflow's migrations take seconds; they run once a session).
 - `sweep_in_tmp(*argv)`: `python sweep.py *argv` run in this process, in the test's tmp_path.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 import signal
 from dataclasses import asdict
 from functools import lru_cache
@@ -220,18 +219,31 @@ def onnx_exports(exported):
     return {(m, p): exported(m, p, "onnx") for m in ("llama", "phi3") for p in ("prefill", "decode")}
 
 
-@pytest.fixture(scope="session")
-def mlflow_db(tmp_path_factory):
-    """`mlflow_db(folder)` -> the sqlite URI of `folder`/mlflow.db, a copy of a store whose
-    tables MLflow created once this session (what a sweep run in `folder` uses by default)."""
-    template = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
-    from mlflow.tracking import MlflowClient
+@pytest.fixture(scope="session", autouse=True)
+def store_templates(tmp_path_factory) -> Path:
+    """The test session's own cache of MLflow store templates (orchestrator/store_template.py),
+    shared by its test processes and every sweep they start: the first new store of the
+    session makes the template, later ones are copies; the user's cache is never touched."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    (folder := shared / "store_templates").mkdir(exist_ok=True)
+    os.environ["PHASESWEEP_CACHE_DIR"] = str(folder)
+    return folder
 
-    MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()  # creates the tables
+
+@pytest.fixture(scope="session")
+def mlflow_db(tmp_path_factory, store_templates):
+    """`mlflow_db(folder)` -> the sqlite URI of `folder`/mlflow.db, a store whose tables are
+    made (a copy of the session's template: MLflow's migrations take seconds, and run once)."""
+    import mlflow
+
+    from orchestrator import store_template
+
+    store_template.client(f"sqlite:///{tmp_path_factory.mktemp('mlflow_template') / 'mlflow.db'}")  # the template
 
     def copy_to(folder: Path) -> str:
         folder.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(template, folder / "mlflow.db")
+        assert store_template.seed(folder / "mlflow.db", mlflow.__version__)
         return f"sqlite:///{folder / 'mlflow.db'}"
 
     return copy_to
