@@ -160,3 +160,30 @@ def test_export_failure_is_recorded_with_traceback(tmp_path):
     assert not result.ok and result.failure.stage == "export"
     assert "phase.prompt_len=10000" in result.failure.error and "Traceback" in result.failure.traceback
     assert not (tmp_path / "x").exists()  # no half-written cache entry
+
+
+def test_the_export_servers_torchlib_table_is_the_one_onnxscript_derives():
+    """tasks/export/_onnx_registry (in the ONNX format's PRELOAD) makes torchlib's op list once
+    in the export server: the list torch.onnx's exporter reads is the one onnxscript derives
+    (every function, its name, domain and flags), and each export still builds a registry of
+    its own from it (one export's custom op never reaches the next)."""
+    import onnxscript._framework_apis.torch_2_5 as derives
+    import onnxscript._framework_apis.torch_2_11 as apis
+    from torch.onnx._internal.exporter import _registration
+
+    from tasks.export import _onnx_registry
+    from tasks.export import onnx as onnx_format
+
+    assert "tasks.export._onnx_registry" in onnx_format.PRELOAD
+    assert apis.get_torchlib_ops is _onnx_registry.torchlib_ops
+
+    def facts(metas):
+        return [(m.qualified_name, m.function, m.domain, m.name, m.is_complex) for m in metas]
+
+    assert facts(apis.get_torchlib_ops()) == facts(derives.get_torchlib_ops())
+    assert len(_onnx_registry.TORCHLIB_OPS) > 500
+    one, two = _registration.ONNXRegistry.from_torchlib(), _registration.ONNXRegistry.from_torchlib()
+    assert one.functions.keys() == two.functions.keys()
+    target = next(iter(one.functions))
+    one.functions[target].clear()  # what registering a custom op for it does to one export's registry
+    assert two.functions[target], "two exports' registries share their tables"
