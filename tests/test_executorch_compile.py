@@ -88,3 +88,26 @@ def test_executorch_on_cuda_is_a_clear_error(planned_variant):
     result = bench_job(replace(spec, device="cuda"))  # the planner skips it; a hand-made spec must fail clearly
     assert not result.ok and result.failure.stage == "load"
     assert "device=cuda: the executorch backend runs on cpu only" in result.failure.error
+
+
+def test_the_export_server_makes_xnnpacks_patterns_before_it_forks_and_stays_one_thread():
+    """tasks/export/_xnnpack_patterns (in the ExecuTorch format's PRELOAD): XNNPACK's pattern
+    graphs are made, so forked exports inherit them; the process is left as a fork server must
+    be: its Python threads as before (tqdm's monitor ended), torch's thread count as before."""
+    import threading
+
+    import torch
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+
+    from tasks.export import _xnnpack_patterns
+    from tasks.export import executorch as executorch_format
+
+    assert "tasks.export._xnnpack_patterns" in executorch_format.PRELOAD
+    bilinear_2d._get_bilinear_2d_graphs.cache_clear()  # made anew here, whatever ran in this process before
+    sdpa.get_graphs.cache_clear()
+    threads, torch_threads = set(threading.enumerate()), torch.get_num_threads()
+    _xnnpack_patterns.make_patterns()
+    assert bilinear_2d._get_bilinear_2d_graphs.cache_info().currsize == 1
+    assert sdpa.get_graphs.cache_info().currsize == 1
+    assert set(threading.enumerate()) <= threads, set(threading.enumerate()) - threads
+    assert torch.get_num_threads() == torch_threads
