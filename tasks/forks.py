@@ -4,9 +4,11 @@ Every export, benchmark and capture runs in a process of its own (tasks/jobs.in_
 Spawning one costs a Python start and the imports of torch, transformers, ONNX and
 ExecuTorch: 4-5 s a task on this project's machine, more than a tiny model's export or
 benchmark takes. A fork server imports them once and forks a child per task. The child
-is as fresh as a spawned one: the server imports modules and never runs a job, touches no
-tensor and starts no thread pool, so a child's memory, thread pools and caches are its own
-(`process_ran_before` stays "nothing") and it starts in a few milliseconds.
+is as fresh as a spawned one: the server imports modules and never runs a job or starts a
+thread pool, so a child's memory, thread pools and caches are its own (`process_ran_before`
+stays "nothing") and it starts in a few milliseconds. (The modules a server imports may
+make, single-threaded, what their library would make again in every child: the export
+server's torch.onnx torchlib table and XNNPACK pattern graphs, tasks/export/_*.py.)
 
 One server per folder: the caller names a folder per node and Ray job (the orchestrator
 does), so two sweeps never share one and a job's code is the code its server imported.

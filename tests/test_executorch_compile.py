@@ -90,6 +90,7 @@ def test_executorch_on_cuda_is_a_clear_error(planned_variant):
     assert "device=cuda: the executorch backend runs on cpu only" in result.failure.error
 
 
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")  # a cold compile test before it in this process
 def test_the_export_server_makes_xnnpacks_patterns_before_it_forks_and_stays_one_thread():
     """tasks/export/_xnnpack_patterns (in the ExecuTorch format's PRELOAD): XNNPACK's pattern
     graphs are made, so forked exports inherit them; the process is left as a fork server must
