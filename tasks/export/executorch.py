@@ -16,7 +16,7 @@ PRELOAD = (
     "executorch.exir",
     "executorch.backends.xnnpack.partition.xnnpack_partitioner",
     "executorch.devtools.backend_debug",
-    "tasks.export._xnnpack_patterns",  # XNNPACK's pattern graphs made once, before the fork (~4 s of each export)
+    "tasks.export._xnnpack_patterns",  # XNNPACK's pattern graphs made once, before the fork (1.5-4 s of each export)
 )
 # peak RSS 18.4 GB for the Llama-3.2-1B architecture in fp32 (4.9 GB of weights): 3.7x
 MEMORY_FACTOR = 4.0

@@ -30,7 +30,7 @@ PRELOAD = (
     "onnxscript.function_libs.torch_lib.ops",
     "onnxscript.optimizer",
     "onnxscript.rewriter",
-    "tasks.export._onnx_registry",  # torchlib's op table built once, before the fork (0.9 s of each export)
+    "tasks.export._onnx_registry",  # torchlib's op table built once, before the fork (0.4 s of each export)
 )
 # peak RSS of an export as a multiple of the weights: 6.2 GB for the Llama-3.2-1B
 # architecture in fp32 (4.9 GB of weights), 1.3x, rounded up
