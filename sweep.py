@@ -7,11 +7,14 @@ With -m, phasesweep's launcher (hydra_plugins/phasesweep_launcher/) plans the wh
 once; a single run goes through the same orchestrator entry point and exit path as a sweep.
 """
 
+import faulthandler
+import signal
 from pathlib import Path
 
 from tasks.heap import manage_process
 
 manage_process()  # the driver's process is phasesweep's own: before the imports below register exit handlers
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack on stderr
 import hydra  # noqa: E402
 from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402

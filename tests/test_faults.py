@@ -127,6 +127,13 @@ class Sweep:
     def finish(self, timeout: float = 600) -> int:
         try:
             self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:  # stuck: every thread's stack (sweep.py's SIGUSR1) in the failure
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(3)
+            self.proc.kill()
+            for t in self.readers:
+                t.join(10)
+            raise AssertionError(f"the sweep did not end within {timeout}s; its stacks then:\n{self.text()[-12000:]}") from None
         finally:
             self.watchdog.cancel()
         for t in self.readers:
