@@ -14,7 +14,10 @@ from pathlib import Path
 from tasks.heap import manage_process
 
 manage_process()  # the driver's process is phasesweep's own: before the imports below register exit handlers
-faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack on stderr
+try:  # `kill -USR1 PID`: every thread's stack on stderr, the sweep going on
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+except (AttributeError, OSError):  # a stderr that is no file (sweep.py run inside pytest's capture, a notebook)
+    pass
 import hydra  # noqa: E402
 from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
