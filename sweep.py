@@ -11,7 +11,7 @@ import faulthandler
 import signal
 from pathlib import Path
 
-from tasks.heap import manage_process
+from tasks.worker.heap import manage_process
 
 manage_process()  # the driver's process is phasesweep's own: before the imports below register exit handlers
 try:  # `kill -USR1 PID`: every thread's stack on stderr, the sweep going on

@@ -16,9 +16,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from orchestrator.config import ConfigError
-from orchestrator.outcome import Outcome, Status
-from orchestrator.signals import Terminated, installed
+from orchestrator.common.outcome import Outcome, Status
+from orchestrator.common.signals import Terminated, installed
+from orchestrator.plan.config import ConfigError
 
 
 def run_or_exit(
@@ -29,15 +29,15 @@ def run_or_exit(
     dry_run: bool = False,
     grid: dict[str, Any] | None = None,
 ) -> dict[int, Outcome]:
-    """orchestrator.run.run_sweep, or SystemExit: 'phasesweep: <what is wrong>' for a bad config
+    """orchestrator.run.sweep.run_sweep, or SystemExit: 'phasesweep: <what is wrong>' for a bad config
     (or grid rule), 'phasesweep: N variant(s) failed: a, b' (status 1) when any variant failed.
     `grid`: the launcher's grid control (orchestrator.launcher.grid_settings)."""
     # MLflow sets up its own loggers when imported (INFO to stderr); the driver shows their warnings only
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-    from orchestrator.run import run_sweep  # the driver loads when a run starts: sweep.py --help stays fast
+    from orchestrator.run.sweep import run_sweep  # the driver loads when a run starts: sweep.py --help stays fast
 
     try:
-        with installed():  # Ctrl-C and SIGTERM wait for a write to the store in flight (orchestrator.signals)
+        with installed():  # Ctrl-C and SIGTERM wait for a write to the store in flight (orchestrator.common.signals)
             outcomes = run_sweep(configs, overrides, out_dir, command, dry_run=dry_run, grid=grid)
     except ConfigError as e:
         sys.exit(f"phasesweep: {e}")

@@ -4,7 +4,7 @@ entry a single run uses, and return one JobReturn a job.
 
 Only a planner that sees the whole grid can deduplicate exports, place work and resume, so
 the jobs are not run one by one as Hydra's basic launcher does. Jobs are composed once per
-combination of group choices, their value overrides applied on top (orchestrator/compose.py):
+combination of group choices, their value overrides applied on top (orchestrator/plan/compose.py):
 a 10,000-job grid is planned in seconds, not the half hour a compose per job takes.
 """
 
@@ -18,8 +18,8 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from orchestrator.compose import JobConfigs
 from orchestrator.entry import run_or_exit
+from orchestrator.plan.compose import JobConfigs
 
 GROUPS = ("model", "phase", "backend", "device")  # what a grid rule's group key may name
 
@@ -37,7 +37,7 @@ class LauncherState(Protocol):
 
 def grid_settings(launcher: Any, loader: Any) -> dict[str, Any]:
     """The launcher's grid control (hydra.launcher.include/exclude/max_variants) as plain
-    values, with the options of each group a rule may name (orchestrator.grid.grid_rules
+    values, with the options of each group a rule may name (orchestrator.plan.grid.grid_rules
     checks them)."""
 
     def plain(value: Any) -> Any:

@@ -8,7 +8,7 @@ blocks (which one goes first alternates too) so drift and noise hit both alike:
   eager         the graph module called directly, inside one   tasks/runtimes/<backend>.py:
                 torch.inference_mode, on pre-built tensors     load(spec, meta, feeds),
   compile       the same torch.compile'd module called         bind(feeds) -> zero-arg call,
-                directly, the same way                         timed by tasks.bench.measure
+                directly, the same way                         timed by tasks.measure.bench.measure
   onnxruntime   InferenceSession.run_with_iobinding            with the session's sync and
   executorch    Method.execute                                 timer (eager, compile: inside
                                                                its timed_region, as bench_job)
@@ -47,8 +47,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tasks.bench import measure  # noqa: E402
 from tasks.jobs import export_job, load_export  # noqa: E402
+from tasks.measure.bench import measure  # noqa: E402
 from tasks.runtimes import runtime_module  # noqa: E402
 from tasks.specs import BenchOptions, BenchSpec, ExportSpec, ModelSpec, PhaseSpec  # noqa: E402
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.machine import alive, die_with_parent
+from tasks.measure.machine import alive, die_with_parent
 from tasks.specs import BenchResult, BenchSpec, CaptureResult, CaptureSpec, ExportResult, ExportSpec, Failure
 
 META = "meta.json"
@@ -127,9 +127,9 @@ def export_job(spec: ExportSpec) -> ExportResult:
     try:
         import torch
 
-        from tasks.description import describe
         from tasks.export import format_module
-        from tasks.models import build_model, count_parameters, embedding_facts, model_dims
+        from tasks.export._description import describe
+        from tasks.model.models import build_model, count_parameters, embedding_facts, model_dims
         from tasks.phases import phase_module
 
         fmt = format_module(spec.export_format)
@@ -160,7 +160,7 @@ def export_job(spec: ExportSpec) -> ExportResult:
             "output_names": output_names,
             "input_shapes": data.shapes(),
             "input_dtypes": data.dtypes,
-            "anatomy": anatomy,  # tasks.anatomy: what is inside the artifact (None without one)
+            "anatomy": anatomy,  # tasks.export._anatomy: what is inside the artifact (None without one)
             "details": {
                 **details,
                 **data.dims,
@@ -267,13 +267,13 @@ EXPORT_SERVER = "export"  # the role of the fork server exports are forked from;
 
 
 def fork_servers(formats: Iterable[str], runtimes: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """The fork servers (tasks/forks.py) a plan needs on each node, by role, each with what it
+    """The fork servers (tasks/worker/forks.py) a plan needs on each node, by role, each with what it
     imports once: one for exports (torch, transformers' modelling module of every family, each
     format's PRELOAD) and one per runtime for benchmarks (numpy and the runtime's PRELOAD
     only: a benchmark's process holds the libraries a spawned one of that runtime would load,
     so memory figures compare across runtimes). No formats: no export server."""
     from tasks.export import format_module
-    from tasks.families import FAMILIES
+    from tasks.model.families import FAMILIES
     from tasks.runtimes import runtime_module
 
     servers = {}
@@ -299,14 +299,14 @@ def in_fresh_process(
 
     - a process of its own: a Ray worker that ran an export may be handed a benchmark next;
       in a child of its own the benchmark's memory, threads and caches are its own;
-    - `forks` (a folder): forked by the fork server listening there (tasks/forks.py), which
+    - `forks` (a folder): forked by the fork server listening there (tasks/worker/forks.py), which
       has imported the heavy modules once, so the child starts in milliseconds; None, or
       no server there: spawned;
     - its own clock: `timeout_s` counts from the child's start, not the worker's start-up;
     - a crash is data: a segfault, os._exit or the OOM killer becomes a failed result that
       says how the process ended."""
     if forks is not None:
-        from tasks import forks as fork_server
+        from tasks.worker import forks as fork_server
 
         try:
             conn = fork_server.connect(forks)
@@ -376,11 +376,11 @@ def export_in_fresh_process(
 def bench_job(spec: BenchSpec) -> BenchResult:
     """Load the backend, time its first call, check parity against the reference, then
     time the phase's call."""
-    from tasks.bench import bench_metrics, measure, wall_clock
-    from tasks.environment import fingerprint, peak_bandwidth_gbs
     from tasks.export import format_module
-    from tasks.machine import benchmark_cores, core_list, watch
-    from tasks.parity import tolerance
+    from tasks.measure.bench import bench_metrics, measure, wall_clock
+    from tasks.measure.environment import fingerprint, peak_bandwidth_gbs
+    from tasks.measure.machine import benchmark_cores, core_list, watch
+    from tasks.measure.parity import tolerance
     from tasks.phases import phase_module
     from tasks.runtimes import runtime_module
 
@@ -396,7 +396,7 @@ def bench_job(spec: BenchSpec) -> BenchResult:
         meta, feeds, parity_data = load_export(spec.export_dir)
         libraries = (*format_module(meta["export_format"]).LIBRARIES, *runtime.LIBRARIES)
         result.env = fingerprint(spec.device, libraries)
-        from tasks.forks import FORKED, imported_since_fork
+        from tasks.worker.forks import FORKED, imported_since_fork
 
         result.params.update(
             pid=os.getpid(), process_ran_before=ran_before or "nothing", process_start="forked" if FORKED else "spawned"
@@ -470,7 +470,7 @@ def bench_job(spec: BenchSpec) -> BenchResult:
         result.first_call_ns = int(result.metrics["first_call_ms"] * 1e6)
         if spec.bench.profile:  # after every timed call: the profiler never touches the numbers above
             stage = "profile"
-            from tasks.profiles import CALLS
+            from tasks.measure.profiles import CALLS
 
             with tempfile.TemporaryDirectory(prefix="phasesweep-profile-") as folder, timed_region():
                 result.profile = session.profile(feeds, CALLS, Path(folder))

@@ -14,7 +14,7 @@ from typing import Any
 # work starts, and the torch-side registries (kv_cache.py, sdpa.py) match them (tested).
 # Phases, export formats and runtimes are registries of modules: tasks/phases/,
 # tasks/export/, tasks/runtimes/.
-# Model families are one table with their adapters: tasks/families.py FAMILIES.
+# Model families are one table with their adapters: tasks/model/families.py FAMILIES.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 DTYPES = tuple(DTYPE_BYTES)
 KV_CACHES = ("static", "dynamic")
@@ -58,8 +58,8 @@ class ModelSpec:
     checkpoint: str | None = None  # local Hugging Face directory with safetensors weights
     dtype: str = "float32"
     seed: int = 0
-    kv_cache: str = "static"  # tasks/kv_cache.py implementation
-    attention: str = "sdpa"  # tasks/sdpa.py implementation
+    kv_cache: str = "static"  # tasks/model/kv_cache.py implementation
+    attention: str = "sdpa"  # tasks/model/sdpa.py implementation
 
 
 @dataclass  # not frozen: OmegaConf cannot merge values into a frozen dataclass nested in a schema
@@ -137,9 +137,9 @@ class BenchOptions:
     target_ci: float = 0.02  # stop once the median's 95% CI half-width is within this share of it
     threads: int | None = None  # None: every core the worker was given
     unstable_iqr: float = 0.10  # IQR / median above which a variant is flagged unstable
-    parity_atol: float | None = None  # None: by model dtype (tasks/parity.py ATOL)
+    parity_atol: float | None = None  # None: by model dtype (tasks/measure/parity.py ATOL)
     repeats: int = 1  # fresh processes per variant, run in random interleaved order across the sweep
-    profile: bool = False  # per-op profile after the timed loop (tasks/profiles.py), never during it
+    profile: bool = False  # per-op profile after the timed loop (tasks/measure/profiles.py), never during it
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class ExportResult:
     artifact_mb: float = 0.0
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
-    anatomy: dict[str, Any] | None = None  # tasks.anatomy of the artifact; None without one
+    anatomy: dict[str, Any] | None = None  # tasks.export._anatomy of the artifact; None without one
     failure: Failure | None = None
 
 
@@ -187,5 +187,5 @@ class BenchResult:
     samples_ns: list[int] = field(default_factory=list)  # raw timed samples, returned inline
     first_call_ns: int = 0
     env: dict[str, str] = field(default_factory=dict)  # where it ran: CPU, GPU, library versions
-    profile: list[dict[str, Any]] = field(default_factory=list)  # bench.profile: tasks.profiles.top_ops rows
+    profile: list[dict[str, Any]] = field(default_factory=list)  # bench.profile: tasks.measure.profiles.top_ops rows
     failure: Failure | None = None

@@ -98,8 +98,8 @@ BACKEND_OF_FORMAT = {"onnx": "onnxruntime", "executorch": "executorch", "none": 
 
 
 def capacity(cpus: int = 2, gpus: int = 0, memory_gib: int = 8):
-    """A one-node cluster as the planner sees it (orchestrator.placement.Capacity)."""
-    from orchestrator.placement import Capacity
+    """A one-node cluster as the planner sees it (orchestrator.plan.placement.Capacity)."""
+    from orchestrator.plan.placement import Capacity
 
     return Capacity(cpus=cpus, total_cpus=cpus, bench_slots=1, gpus=gpus, memory=memory_gib * 2**30)
 
@@ -114,7 +114,7 @@ def _composed(overrides: tuple[str, ...]):
 
 def compose_jobs(*jobs: list[str] | tuple[str, ...], shrink: bool = True):
     """(configs, overrides) of a sweep of `jobs` (each a list of overrides), as the launcher
-    hands them to orchestrator.run.run_sweep: conf/sweep.yaml composed once per distinct job
+    hands them to orchestrator.run.sweep.run_sweep: conf/sweep.yaml composed once per distinct job
     a session (each caller gets its own copy), shrunk by SHRINK unless shrink=False."""
     overrides = [[*(SHRINK if shrink else ()), *job] for job in jobs]
     return [copy.deepcopy(_composed(tuple(o))) for o in overrides], overrides
@@ -122,8 +122,8 @@ def compose_jobs(*jobs: list[str] | tuple[str, ...], shrink: bool = True):
 
 def plan_jobs(*jobs: list[str] | tuple[str, ...], shrink: bool = True, cap=None):
     """compose_jobs -> validate_all -> make_plan: the Plan a sweep of `jobs` makes on `cap`."""
-    from orchestrator.config import validate_all
-    from orchestrator.plan import make_plan
+    from orchestrator.plan.config import validate_all
+    from orchestrator.plan.planner import make_plan
 
     configs, overrides = compose_jobs(*jobs, shrink=shrink)
     return make_plan(validate_all(configs, overrides), configs, overrides, cap or capacity())
@@ -221,7 +221,7 @@ def onnx_exports(exported):
 
 @pytest.fixture(scope="session", autouse=True)
 def store_templates(tmp_path_factory) -> Path:
-    """The test session's own cache of MLflow store templates (orchestrator/store_template.py),
+    """The test session's own cache of MLflow store templates (orchestrator/record/store_template.py),
     shared by its test processes and every sweep they start: the first new store of the
     session makes the template, later ones are copies; the user's cache is never touched."""
     base = tmp_path_factory.getbasetemp()
@@ -237,7 +237,7 @@ def mlflow_db(tmp_path_factory, store_templates):
     made (a copy of the session's template: MLflow's migrations take seconds, and run once)."""
     import mlflow
 
-    from orchestrator import store_template
+    from orchestrator.record import store_template
 
     store_template.client(f"sqlite:///{tmp_path_factory.mktemp('mlflow_template') / 'mlflow.db'}")  # the template
 
@@ -262,8 +262,8 @@ def sweep_app(monkeypatch):
     root, ours = logging.getLogger(), logging.getLogger("phasesweep")
     saved = root.level, root.handlers[:], ours.level, ours.handlers[:], ours.propagate
     GlobalHydra.instance().clear()
-    # pytest's process only calls into phasesweep: its heap is not frozen (tasks/heap.py)
-    monkeypatch.setattr("tasks.heap.manage_process", lambda: None)
+    # pytest's process only calls into phasesweep: its heap is not frozen (tasks/worker/heap.py)
+    monkeypatch.setattr("tasks.worker.heap.manage_process", lambda: None)
 
     def app(*argv: str) -> None:
         monkeypatch.setattr(sys, "argv", ["sweep.py", *argv])

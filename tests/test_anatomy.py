@@ -1,5 +1,5 @@
-"""What is inside an artifact (tasks/anatomy.py) and what a file says about itself
-(tasks/description.py): counts on graphs small enough to check by hand, a module swap seen
+"""What is inside an artifact (tasks/export/_anatomy.py) and what a file says about itself
+(tasks/export/_description.py): counts on graphs small enough to check by hand, a module swap seen
 as a difference, and the description read back from .onnx and .pte with the runtimes alone."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from tasks import anatomy
-from tasks.description import CACHE_LAYOUT, METHOD, from_onnx_metadata
+from tasks.export import _anatomy as anatomy
+from tasks.export._description import CACHE_LAYOUT, METHOD, from_onnx_metadata
 
 
 def hand_onnx(path, extra_transpose: bool = False):
@@ -173,7 +173,7 @@ FUSE = ["fuse_cascaded_permutes", "fuse_permute_pairs", "postpone_permutes"]
 
 
 def test_a_list_axis_reads_as_its_items_in_a_variant_name():
-    from orchestrator.plan import suffix
+    from orchestrator.plan.planner import suffix
 
     assert suffix("backend.export_options.passes", json.dumps(FUSE)) == "passes-" + "+".join(FUSE)
     assert suffix("backend.export_options.passes", "[]") == "passes-none"

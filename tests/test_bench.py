@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from tasks.bench import Latency, bench_metrics, is_unstable, measure, median_ci_ranks, summarize, wall_clock
+from tasks.measure.bench import Latency, bench_metrics, is_unstable, measure, median_ci_ranks, summarize, wall_clock
 from tasks.specs import BenchOptions
 
 
@@ -50,7 +50,7 @@ def test_measures_at_least_min_iters_and_min_seconds():
 def test_the_machine_speed_probe_runs_between_calls_through_the_timed_window():
     """Probes before and after sampling and every PROBE_EVERY_NS of it, never inside a timed
     call: a step that records when it runs sees no probe while it runs."""
-    from tasks import bench
+    from tasks.measure import bench
 
     inside, spans = [False], []
     real = bench.probe_loop
@@ -156,7 +156,7 @@ def test_garbage_collector_is_off_only_while_sampling():
 
 
 def test_what_was_frozen_before_the_timed_window_stays_frozen():
-    """A forked benchmark's server froze its imports (tasks/forks.py); gc has no partial
+    """A forked benchmark's server froze its imports (tasks/worker/forks.py); gc has no partial
     unfreeze, so the window leaves a frozen heap frozen (and thaws only what it froze itself)."""
     gc.unfreeze()
     measure(lambda: None, BenchOptions(min_iters=10, **QUICK), timer=FakeClock([1_000_000] * 100))
@@ -208,7 +208,7 @@ def test_median_interval_is_the_binomial_one_and_covers():
         assert hi == n - 1 - lo
         assert 1 - 2 * binom.cdf(lo, n, 0.5) >= 0.95 > 1 - 2 * binom.cdf(lo + 1, n, 0.5)  # the tightest such pair
     # the same ranks as scipy's binomial quantile for every n up to 2,000 and some beyond,
-    # at three confidences (tasks.bench sums the binomial tail itself, without scipy)
+    # at three confidences (tasks.measure.bench sums the binomial tail itself, without scipy)
     for confidence in (0.9, 0.95, 0.99):
         q = (1 - confidence) / 2
         for n in (*range(2001), 12_345, 100_000, 200_001):
@@ -268,7 +268,7 @@ def test_unstable_is_judged_on_the_iqr_not_the_cv():
 
 
 def test_repeats_pool_samples_rescale_rates_and_keep_raised_flags():
-    from tasks.bench import pool_repeats
+    from tasks.measure.bench import pool_repeats
     from tasks.specs import BenchResult
 
     def process(median_ns: int, shared: float, pid: int) -> BenchResult:

@@ -53,12 +53,12 @@ def test_tasks_never_import_ray_mlflow_or_hydra():
 # validate and plan a grid of every backend and both phases, in a fresh interpreter
 DRIVER = """
 import itertools, json, sys
-import orchestrator.config, orchestrator.plan, orchestrator.run, orchestrator.launcher
+import orchestrator.plan.config, orchestrator.plan.planner, orchestrator.run.sweep, orchestrator.launcher
 import hydra_plugins.phasesweep_launcher.ray_launcher
 from hydra import compose, initialize_config_dir
-from orchestrator.config import validate_all
-from orchestrator.placement import Capacity
-from orchestrator.plan import make_plan
+from orchestrator.plan.config import validate_all
+from orchestrator.plan.placement import Capacity
+from orchestrator.plan.planner import make_plan
 
 axes = json.loads(sys.argv[1])
 jobs = [[f"{k}={v}" for k, v in zip(axes, combo)] for combo in itertools.product(*axes.values())]

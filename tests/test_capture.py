@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tasks.jobs import bench_job, export_job
-from tasks.models import build_model, model_dims
+from tasks.model.models import build_model, model_dims
 from tasks.phases import captured, label, phase_module
 from tasks.phases._capture import distinct_calls, select
 from tasks.specs import BenchSpec, CaptureOptions, CaptureSpec, ConfigError, ExportSpec, PhaseSpec
@@ -194,7 +194,7 @@ def test_a_captured_decode_exports_and_benchmarks_with_parity(recorded, tmp_path
 def _sweep(folder: Path, mlflow_db, cache_override, *jobs):
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.run import run_sweep
+    from orchestrator.run.sweep import run_sweep
 
     uri = mlflow_db(folder)
     common = [cache_override, f"tracking.uri={uri}", f"tracking.artifact_root={folder / 'mlartifacts'}"]
@@ -209,7 +209,7 @@ CAPTURED = ["phase=captured", f"phase.app={EXAMPLE}", "phase.capture.select=firs
 
 @pytest.mark.slow
 def test_a_captured_sweep_beside_a_synthetic_decode_of_the_same_shape(tmp_path, mlflow_db, cache_override):
-    from orchestrator.compare import Conditions, compare_sweeps, disturbances
+    from orchestrator.read.compare import Conditions, compare_sweeps, disturbances
 
     client, run = _sweep(tmp_path, mlflow_db, cache_override, ["phase=decode", "phase.context_len=128", *BENCH],
                          [*CAPTURED, *BENCH])
@@ -260,9 +260,9 @@ def test_an_application_that_raises_ends_the_sweep_before_any_run(tmp_path, mlfl
 
 
 def test_a_dry_run_says_what_captured_stands_for(caplog, tmp_path):
-    from orchestrator.config import validate_all
-    from orchestrator.grid import GridRules
-    from orchestrator.run import dry_run_plan
+    from orchestrator.plan.config import validate_all
+    from orchestrator.plan.grid import GridRules
+    from orchestrator.run.sweep import dry_run_plan
 
     configs, overrides = compose_jobs([*CAPTURED, f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"], shrink=False)
     with caplog.at_level("INFO", logger="phasesweep"):

@@ -53,8 +53,8 @@ def _where():
 @pytest.fixture(scope="module")
 def three_nodes():
     """Two CPU nodes with a bench slot each and a GPU node (its GPU declared, not real)."""
-    from orchestrator.placement import BENCH_RESOURCE
-    from orchestrator.scheduler import LOCAL_ENV
+    from orchestrator.plan.placement import BENCH_RESOURCE
+    from orchestrator.run.scheduler import LOCAL_ENV
 
     for key, value in LOCAL_ENV.items():
         os.environ.setdefault(key, value)
@@ -72,9 +72,9 @@ def three_nodes():
 
 
 def test_benchmarks_land_where_the_placement_rules_say(three_nodes):
-    from orchestrator.config import ClusterCfg
-    from orchestrator.placement import bench_request
-    from orchestrator.scheduler import Scheduler
+    from orchestrator.plan.config import ClusterCfg
+    from orchestrator.plan.placement import bench_request
+    from orchestrator.run.scheduler import Scheduler
 
     cluster, nodes = three_nodes
     sched = Scheduler(ClusterCfg(address=cluster.address, fork_server=False))
@@ -320,9 +320,9 @@ def test_nothing_the_cluster_test_started_is_left_running(submitted):
 
 
 def test_a_job_refuses_a_store_inside_its_working_directory(tmp_path, monkeypatch):
-    """The check itself (orchestrator.tracking.check_outlives_job), each store it guards."""
-    from orchestrator.config import TrackingCfg
-    from orchestrator.tracking import RAY_JOB_ENV, check_outlives_job
+    """The check itself (orchestrator.record.tracking.check_outlives_job), each store it guards."""
+    from orchestrator.plan.config import TrackingCfg
+    from orchestrator.record.tracking import RAY_JOB_ENV, check_outlives_job
     from tasks.specs import ConfigError
 
     monkeypatch.chdir(tmp_path)

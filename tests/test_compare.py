@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from orchestrator.compare import (
+from orchestrator.read.compare import (
     Conditions,
     block_bootstrap_medians,
     block_sketches,
@@ -168,7 +168,7 @@ def test_hundred_thousand_samples_compare_fast():
 
 
 def test_compare_imports_no_torch():
-    code = "import sys, orchestrator.compare; print('torch' in sys.modules)"
+    code = "import sys, orchestrator.read.compare; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -261,7 +261,7 @@ def test_what_changed_inside_the_artifacts_is_shown_under_the_table(store, capsy
     """A module swap that adds transposes and takes an op out of XNNPACK: named per variant."""
     from collections import Counter
 
-    from tasks.anatomy import summary
+    from tasks.export._anatomy import summary
 
     uri, client, sweep = store
     rng = np.random.default_rng(1)
@@ -306,7 +306,7 @@ def test_usage_errors_exit_2(store, capsys):
 
 
 def test_shared_cores_need_a_large_effect_to_call_and_never_make_same_easier():
-    from orchestrator.compare import DISTURBED_MIN_EFFECT, verdict
+    from orchestrator.read.compare import DISTURBED_MIN_EFFECT, verdict
 
     # a tight 25% slowdown: slower on quiet cores, inconclusive on shared ones
     assert verdict(1.24, 1.26, 1e-9, 0.05, 0.05) == "slower"
@@ -321,7 +321,7 @@ def test_a_change_the_machine_made_itself_is_not_the_candidates():
     """Seen in the suite beside a sweep: the same graph measured twice, the candidate on shared
     cores while the machine-speed probe ran 1.97x slower too, and its latency 1.96x: called
     slower by the 50% rule alone. A disturbed verdict must also go beyond the probe's change."""
-    from orchestrator.compare import DISTURBED_MIN_EFFECT, verdict
+    from orchestrator.read.compare import DISTURBED_MIN_EFFECT, verdict
 
     assert verdict(1.6, 2.02, 1e-9, 0.05, 0.05, call=DISTURBED_MIN_EFFECT) == "slower"
     assert verdict(1.6, 2.02, 1e-9, 0.05, 0.05, call=DISTURBED_MIN_EFFECT, speed=1.97) == "inconclusive"

@@ -1,4 +1,4 @@
-"""The launcher's fast composition (orchestrator/compose.py) against Hydra's full compose.
+"""The launcher's fast composition (orchestrator/plan/compose.py) against Hydra's full compose.
 
 Every job of a varied grid (group choices x value overrides of every type, and overrides
 that must take the full-compose path) is composed both ways and compared whole, hydra node
@@ -19,9 +19,9 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf, open_dict
 
-from orchestrator.compose import JobConfigs
-from orchestrator.config import ConfigError, validate_all
-from orchestrator.plan import make_plan
+from orchestrator.plan.compose import JobConfigs
+from orchestrator.plan.config import ConfigError, validate_all
+from orchestrator.plan.planner import make_plan
 from tests.conftest import capacity
 
 # value overrides of every type, applied on top of each combination

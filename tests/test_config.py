@@ -14,7 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from omegaconf import open_dict
 
-from orchestrator.config import ConfigError, validate
+from orchestrator.plan.config import ConfigError, validate
 from tasks.export import format_module
 from tasks.runtimes import runtime_module
 from tests.conftest import CONF, ROOT

@@ -1,7 +1,7 @@
 """The whole path: configs -> plan -> Ray (local, loopback) -> MLflow (sqlite).
 
 - One sweep in this process (lightning-hydra-template style: configs composed with Hydra's
-  compose API, `orchestrator.run.run_sweep` called directly): llama on onnxruntime and the
+  compose API, `orchestrator.run.sweep.run_sweep` called directly): llama on onnxruntime and the
   executorch / torch.compile / cuda combinations, read back from MLflow.
 - Process-level behaviour through `python sweep.py`: the README's grid with `-m` (exit
   status, printed summary, what MLflow holds, no process of it left behind), a failing
@@ -80,7 +80,7 @@ def inproc(tmp_path_factory, mlflow_db, cache_override, planned_variant):
     import ray
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.run import run_sweep
+    from orchestrator.run.sweep import run_sweep
 
     # meanwhile, the README sweep's other exports in a background process: it finds them made
     planned_variant.prefetch(*README_EXPORTS)
@@ -101,7 +101,7 @@ def inproc(tmp_path_factory, mlflow_db, cache_override, planned_variant):
             ray.shutdown()
     assert stopped, "run_sweep's Scheduler left Ray running in this process"
     # the local Ray's fork servers were this process's children, ended and removed at its stop
-    left = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", "tasks.forks"], capture_output=True, text=True)
+    left = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", "tasks.worker.forks"], capture_output=True, text=True)
     assert not left.stdout.split(), f"run_sweep left its fork servers running: {left.stdout}"
     forks_root = Path(tempfile.gettempdir()) / f"phasesweep-forks-{os.getuid()}"
     assert not list(forks_root.glob(f"driver-{os.getpid()}-*")), "run_sweep left its fork servers' folders"

@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from tasks.jobs import bench_job, load_export
-from tasks.parity import host_steps
+from tasks.measure.parity import host_steps
 from tasks.phases import phase_module
 from tasks.runtimes import onnxruntime as ort_runtime
 from tests.conftest import DECODE, FAST_BENCH, PREFILL, model_spec, plan_jobs

@@ -58,7 +58,7 @@ def bench_worker(bench_pid: int) -> int:
     spawned; when forked by the node's fork server (its parent then), the one worker whose
     title says it runs the bench task (one benchmark runs at a time on the node)."""
     parent = parent_of(bench_pid)
-    if "tasks.forks" not in cmdline(parent):
+    if "tasks.worker.forks" not in cmdline(parent):
         assert "ray" in cmdline(parent).lower(), f"the benchmark's parent is not a Ray worker: {cmdline(parent)!r}"
         return parent
     session = os.getsid(bench_pid)

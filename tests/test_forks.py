@@ -1,4 +1,4 @@
-"""tasks/forks.py: the node's fork server. Each job runs in a child forked for it alone;
+"""tasks/worker/forks.py: the node's fork server. Each job runs in a child forked for it alone;
 a crash, a timeout or a client that goes away are data, and the server ends with the
 process that keeps it. The servers here preload only the stdlib: what is checked is the
 mechanism (a sweep's own servers import torch & co.: tests/test_end_to_end.py)."""
@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tasks import forks
 from tasks.jobs import EXPORT_SERVER, bench_server, fork_servers, in_fresh_process
 from tasks.specs import BenchResult
+from tasks.worker import forks
 
 HERE = Path(__file__).resolve().parent
 
@@ -87,7 +87,7 @@ def server(tmp_path, monkeypatch):
 
 def server_pid(folder: Path) -> int:
     """The server of `folder`: started by this process (its children carry the same command line)."""
-    out = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", f"tasks.forks {folder} "], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", f"tasks.worker.forks {folder} "], capture_output=True, text=True)
     pids = out.stdout.split()
     assert len(pids) == 1, pids
     return int(pids[0])
@@ -102,7 +102,7 @@ def test_each_job_runs_in_a_child_forked_for_it_alone(server):
     assert a["pid"] != b["pid"] and os.getpid() not in (a["pid"], b["pid"])
     assert a["parent"] == b["parent"] == server_pid(folder)  # the server forked both
     assert a["forked"] and b["forked"] and a["modules"]  # what the server preloaded is there
-    # the server's imports are frozen (tasks/heap.py): the child's collector, on, walks only its own objects
+    # the server's imports are frozen (tasks/worker/heap.py): the child's collector, on, walks only its own objects
     assert a["gc"][0] and a["gc"][1] > 0, a["gc"]
     assert not forks.FORKED  # this process was not forked by a server
 

@@ -68,8 +68,8 @@ def test_an_adapter_with_qk_norms_matches_transformers(monkeypatch):
     import torch
     import transformers
 
-    from tasks import families
-    from tasks.graphs import DecodeGraph, PrefillGraph, swap_attention
+    from tasks.model import families
+    from tasks.model.graphs import DecodeGraph, PrefillGraph, swap_attention
 
     qwen3 = families.Family(
         model_type="qwen3",

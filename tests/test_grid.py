@@ -1,4 +1,4 @@
-"""Grid control (orchestrator/grid.py): include/exclude rules and a cap of variants per model,
+"""Grid control (orchestrator/plan/grid.py): include/exclude rules and a cap of variants per model,
 applied when the grid is planned, each excluded point listed with its rule; rules checked
 before anything runs, their errors naming the key, the value and what is allowed. And the
 dry run that shows it all: the plan, nothing run, no Ray started, no store created."""
@@ -13,11 +13,11 @@ from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
 
-from orchestrator.compose import JobConfigs
-from orchestrator.config import ConfigError, TrackingCfg, validate_all
-from orchestrator.grid import grid_rules
-from orchestrator.plan import make_plan
-from orchestrator.report import plan_text
+from orchestrator.plan.compose import JobConfigs
+from orchestrator.plan.config import ConfigError, TrackingCfg, validate_all
+from orchestrator.plan.grid import grid_rules
+from orchestrator.plan.planner import make_plan
+from orchestrator.read.report import plan_text
 from tests.conftest import CONF, capacity
 
 GROUP_OPTIONS = {
@@ -169,7 +169,7 @@ def test_plan_text_counts_the_runs_a_store_already_holds(plan_grid):
 
 
 def test_existing_runs_reads_a_store_and_creates_none(tmp_path, mlflow_db):
-    from orchestrator.tracking import existing_runs
+    from orchestrator.record.tracking import existing_runs
 
     absent = tmp_path / "absent" / "mlflow.db"
     assert existing_runs(TrackingCfg(uri=f"sqlite:///{absent}")) == {}
@@ -199,7 +199,7 @@ def test_a_server_that_refuses_the_credentials_is_one_line_for_the_dry_run_too(m
     from mlflow.exceptions import MlflowException
     from mlflow.protos import databricks_pb2
 
-    from orchestrator import tracking
+    from orchestrator.record import tracking
 
     class Refusing:
         def __init__(self, tracking_uri):

@@ -3,7 +3,7 @@
 Each case is the tiny llama planned as a sweep plans it (conftest `planned_variant`: the
 session's export cache, FAST_BENCH), exported by tasks.jobs.export_job and measured by
 tasks.jobs.bench_job in this process: parity against transformers in the same dtype within
-that dtype's tolerance (tasks/parity.py ATOL), every top-1 token the same, decode checked over
+that dtype's tolerance (tasks/measure/parity.py ATOL), every top-1 token the same, decode checked over
 all its steps. Combinations a runtime does not run (onnxruntime bfloat16 on CPU) are skipped
 when planned, never attempted.
 
@@ -18,11 +18,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.config import validate_all
-from orchestrator.placement import Capacity
-from orchestrator.plan import make_plan, unsupported
+from orchestrator.plan.config import validate_all
+from orchestrator.plan.placement import Capacity
+from orchestrator.plan.planner import make_plan, unsupported
 from tasks.jobs import bench_job, load_export
-from tasks.parity import ATOL
+from tasks.measure.parity import ATOL
 from tasks.specs import PAST
 from tests.conftest import DECODE, compose_jobs
 

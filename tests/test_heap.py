@@ -1,4 +1,4 @@
-"""tasks/heap.py: in phasesweep's own processes, the cyclic collector off while they import
+"""tasks/worker/heap.py: in phasesweep's own processes, the cyclic collector off while they import
 and what the imports made frozen after; at exit, no last walk of the heap. A process that
 only calls into phasesweep (this one) keeps its collector as it is."""
 
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from tasks import heap
-from tasks.heap import imports_uncollected
+from tasks.worker import heap
+from tasks.worker.heap import imports_uncollected
 from tests.conftest import ROOT
 
 
@@ -84,5 +84,5 @@ def ends_with(*code: str) -> str:
 def test_a_managed_process_skips_the_heap_walk_at_exit():
     gc_at_exit = ends_with("import gc; gc.disable()")  # the cycle outlives every collection but the last
     assert gc_at_exit.split() == ["done", "collected", "at", "exit"]
-    skipped = ends_with("import gc; gc.disable()", "from tasks.heap import manage_process", "manage_process()")
+    skipped = ends_with("import gc; gc.disable()", "from tasks.worker.heap import manage_process", "manage_process()")
     assert skipped.split() == ["done"]  # frozen after the exit handlers: never walked, never finalized

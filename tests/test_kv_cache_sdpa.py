@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks import kv_cache, sdpa
+from tasks.model import kv_cache, sdpa
 from tasks.specs import ATTENTIONS, KV_CACHES
 
 B, H, HKV, D = 2, 4, 2, 16

@@ -16,10 +16,10 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from orchestrator.config import ConfigError
+from orchestrator.common.outcome import Outcome, Status
 from orchestrator.entry import run_or_exit
-from orchestrator.outcome import Outcome, Status
-from orchestrator.report import say
+from orchestrator.plan.config import ConfigError
+from orchestrator.read.report import say
 from tests.conftest import CONF, ROOT
 
 
@@ -34,9 +34,9 @@ def hydra_cfg():
 
 @pytest.fixture
 def fake_run_sweep(monkeypatch):
-    """Replaces orchestrator.run.run_sweep: `fake.returns` (or `fake.raises`) is what it does;
+    """Replaces orchestrator.run.sweep.run_sweep: `fake.returns` (or `fake.raises`) is what it does;
     `fake.calls` what it was given. It says one line, as the real one does."""
-    import orchestrator.run
+    import orchestrator.run.sweep
 
     class Fake:
         def __init__(self) -> None:
@@ -57,7 +57,7 @@ def fake_run_sweep(monkeypatch):
 
     fake = Fake()
     monkeypatch.setenv("MLFLOW_LOGGING_LEVEL", "WARNING")  # run_or_exit sets it; restored after
-    monkeypatch.setattr(orchestrator.run, "run_sweep", fake)
+    monkeypatch.setattr(orchestrator.run.sweep, "run_sweep", fake)
     return fake
 
 
@@ -72,7 +72,7 @@ def test_launcher_config_is_in_the_config_store(hydra_cfg):
     assert launcher.dry_run is False
     assert hydra_cfg("hydra.launcher.dry_run=true").hydra.launcher.dry_run is True
     assert instantiate(hydra_cfg("hydra.launcher.dry_run=true").hydra.launcher).dry_run is True
-    # grid control (orchestrator/grid.py): nothing left out by default
+    # grid control (orchestrator/plan/grid.py): nothing left out by default
     assert launcher.exclude == [] and launcher.include == [] and launcher.max_variants is None
     ours = instantiate(
         hydra_cfg("hydra.launcher.max_variants=3", "hydra.launcher.exclude=[{device: cuda}]").hydra.launcher
@@ -106,7 +106,7 @@ def test_plugin_modules_import_light():
         "import sys; from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher;"
         "Plugins.instance().discover(Launcher);"
         "import hydra_plugins.phasesweep_launcher._config;"
-        "heavy = [m for m in ('torch', 'ray', 'mlflow', 'orchestrator.run', 'orchestrator.launcher') if m in sys.modules];"
+        "heavy = [m for m in ('torch', 'ray', 'mlflow', 'orchestrator.run.sweep', 'orchestrator.launcher') if m in sys.modules];"
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)

@@ -1,4 +1,4 @@
-"""The benchmark's cores and the machine's state around its timed window (tasks/machine.py).
+"""The benchmark's cores and the machine's state around its timed window (tasks/measure/machine.py).
 
 The arithmetic is tested on injected /proc/stat text; the live tests pin in a child process
 (never this one) and use an event, not a timing guess, for the busy neighbour."""
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from tasks import machine
-from tasks.machine import (
+from tasks.measure import machine
+from tasks.measure.machine import (
     SHARED_THRESHOLD,
     Snapshot,
     busy_jiffies,
@@ -115,7 +115,7 @@ def test_governor_and_frequency_never_fail(monkeypatch, tmp_path):
 
 PIN = """
 import json, os, threading
-from tasks.machine import allowed_cores, pin
+from tasks.measure.machine import allowed_cores, pin
 started = threading.Event(); done = threading.Event()
 def idle():
     started.set(); done.wait()

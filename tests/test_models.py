@@ -9,8 +9,8 @@ import pytest
 import torch
 import yaml
 
-from tasks import families
-from tasks.models import _classes, build_model, model_dims
+from tasks.model import families
+from tasks.model.models import _classes, build_model, model_dims
 from tests.conftest import CONF, model_spec
 
 
@@ -73,7 +73,7 @@ def test_real_size_presets_match_the_published_architectures(name, size, params)
 def test_adapter_table_agrees_with_transformers(name):
     """Every submodule the adapter names is a child of layer 0's self_attn, it owns all of its
     parameters, and the named rotary function and classes exist where the table says."""
-    from tasks.graphs import check_adapter
+    from tasks.model.graphs import check_adapter
 
     fam = families.FAMILIES[name]
     model = build_model(model_spec(name))
@@ -94,7 +94,7 @@ def test_adapter_table_agrees_with_transformers(name):
 
 @pytest.mark.parametrize("name,size", [("llama", "tiny"), ("llama", "1b"), ("phi3", "tiny"), ("phi3", "mini")])
 def test_torch_free_dims_from_the_config_match_the_built_model(name, size):
-    """tasks.families.model_dims of a preset's config dict == model_dims of the model built
+    """tasks.model.families.model_dims of a preset's config dict == model_dims of the model built
     from it (real sizes on the meta device), and of its saved config.json's contents."""
     arch = preset(name)["sizes"][size]
     config_cls, model_cls = _classes(name)
@@ -128,13 +128,13 @@ def test_families_import_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, tasks.families; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    code = "import sys, tasks.model.families; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=CONF.parent)
 
 
 def test_a_parameter_the_adapter_does_not_name_is_refused_at_swap():
     """A family whose attention has q/k norms the table forgot fails at swap time."""
-    from tasks.graphs import swap_attention
+    from tasks.model.graphs import swap_attention
 
     model = build_model(model_spec("llama"))
     model.model.layers[1].self_attn.q_norm = torch.nn.LayerNorm(16)
@@ -143,7 +143,7 @@ def test_a_parameter_the_adapter_does_not_name_is_refused_at_swap():
 
 
 def test_an_adapter_naming_a_missing_submodule_is_refused(monkeypatch):
-    from tasks.graphs import swap_attention
+    from tasks.model.graphs import swap_attention
 
     llama = families.FAMILIES["llama"]
     adapter = families.AttentionAdapter(llama.attention.projections, q_norm="q_norm", k_norm="k_norm")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.models import build_model, model_dims
+from tasks.model.models import build_model, model_dims
 from tasks.phases import decode, phase_module
 from tasks.specs import ConfigError, PhaseSpec
 from tests.conftest import DECODE, PREFILL, model_spec

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.placement import (
+from orchestrator.plan.placement import (
     BENCH_RESOURCE,
     Capacity,
     bench_request,
@@ -88,7 +88,7 @@ def test_cpu_benchmarks_take_a_whole_node():
 
 def test_a_one_thread_cpu_benchmark_still_reserves_the_whole_node():
     """No export runs on the other cores beside a 1-thread benchmark: it asks Ray for every
-    CPU of the smallest bench node (and pins itself to one core of them, tasks/machine.py)."""
+    CPU of the smallest bench node (and pins itself to one core of them, tasks/measure/machine.py)."""
     one = bench_request(CAP, "cpu", 1, {}, 0, 1.5, 0)
     assert one.pool == "bench_cpu"
     assert one.options == {"max_retries": 0, "num_cpus": 2, "resources": {BENCH_RESOURCE: 1}}

@@ -12,9 +12,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import open_dict
 
-from orchestrator.config import ConfigError, validate_all
-from orchestrator.placement import Capacity
-from orchestrator.plan import make_plan
+from orchestrator.plan.config import ConfigError, validate_all
+from orchestrator.plan.placement import Capacity
+from orchestrator.plan.planner import make_plan
 from tasks.phases import decode
 from tests.conftest import CONF
 
@@ -302,14 +302,14 @@ def test_more_threads_than_a_bench_node_has_is_refused_when_planning():
 )
 def test_driver_estimates_weight_bytes_without_torch(model, size, params):
     """The driver sizes memory requests from the config: within 0.01% of the real count."""
-    from orchestrator.variant import estimated_parameters
+    from orchestrator.plan.variant import estimated_parameters
 
     v = plan_of(model=model, **{"model.size": size}).variants[0].variant
     if params:
         assert estimated_parameters(v.model.arch) == pytest.approx(params, rel=1e-4)
         assert v.weight_bytes == pytest.approx(4 * params, rel=1e-4)
     else:
-        from tasks.models import build_model
+        from tasks.model.models import build_model
 
         assert estimated_parameters(v.model.arch) == sum(p.numel() for p in build_model(v.model).parameters())
 

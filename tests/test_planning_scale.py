@@ -20,11 +20,11 @@ import time
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-import orchestrator.config
-from orchestrator.compose import JobConfigs
-from orchestrator.config import validate_all
-from orchestrator.plan import make_plan
-from orchestrator.report import plan_text
+import orchestrator.plan.config
+from orchestrator.plan.compose import JobConfigs
+from orchestrator.plan.config import validate_all
+from orchestrator.plan.planner import make_plan
+from orchestrator.read.report import plan_text
 from tests.conftest import ROOT, capacity
 
 # 2 x 2 x 4 x 2 = 32 combinations of group choices x 360 value overrides = 11,520 jobs:
@@ -44,11 +44,11 @@ CPU_BOUND_S = 20.0  # twice the issue's target (10 s on 2 cores); see the module
 
 def test_a_10k_variant_grid_dry_run_plans_in_seconds(sweep_in_tmp, tmp_path, capsys, monkeypatch):
     composed, converted = [], []
-    compose, section = ConfigLoaderImpl.load_sweep_config, orchestrator.config._section
+    compose, section = ConfigLoaderImpl.load_sweep_config, orchestrator.plan.config._section
     monkeypatch.setattr(
         ConfigLoaderImpl, "load_sweep_config", lambda self, *a, **k: composed.append(a[1]) or compose(self, *a, **k)
     )
-    monkeypatch.setattr(orchestrator.config, "_section", lambda cfg, key: converted.append(key) or section(cfg, key))
+    monkeypatch.setattr(orchestrator.plan.config, "_section", lambda cfg, key: converted.append(key) or section(cfg, key))
     wall, cpu = time.perf_counter(), time.process_time()
     sweep_in_tmp("-m", *GRID_10K, "hydra.launcher.dry_run=true")
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu

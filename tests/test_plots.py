@@ -1,4 +1,4 @@
-"""orchestrator.plots: each plot is drawn when the sweep has the axes it needs, and only then;
+"""orchestrator.read.plots: each plot is drawn when the sweep has the axes it needs, and only then;
 the files are real PNGs. Rows are built by hand, as the sweep (from its outcomes) and the
 report (from MLflow runs) build them; no Ray, no MLflow."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import plots
-from orchestrator.outcome import Outcome, Status
-from orchestrator.report import latency_plot, plot_rows
+from orchestrator.common.outcome import Outcome, Status
+from orchestrator.read import plots
+from orchestrator.read.report import latency_plot, plot_rows
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -1,4 +1,4 @@
-"""Per-op profiles (bench.profile=true, tasks/profiles.py): one table for every runtime, built
+"""Per-op profiles (bench.profile=true, tasks/measure/profiles.py): one table for every runtime, built
 from each profiler's own records; then a real profile per backend, and the timed numbers left
 as they were."""
 
@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from orchestrator.config import ConfigError
-from tasks import profiles
+from orchestrator.plan.config import ConfigError
+from tasks.measure import profiles
 from tests.conftest import FAST_BENCH, plan_jobs
 
 

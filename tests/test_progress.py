@@ -1,4 +1,4 @@
-"""orchestrator.progress.Progress without a terminal: counts, the ETA it learns (a fake
+"""orchestrator.run.progress.Progress without a terminal: counts, the ETA it learns (a fake
 clock), the plain lines, and the live display kept off the log."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import io
 import logging
 
-from orchestrator.progress import Progress, clock_text
-from orchestrator.tracking import ui_command, ui_lines, ui_links
+from orchestrator.record.tracking import ui_command, ui_lines, ui_links
+from orchestrator.run.progress import Progress, clock_text
 
 A, B, C = "llama_prefill_onnxruntime_cpu", "llama_decode_onnxruntime_cpu", "llama_decode_eager_cpu"
 

@@ -1,4 +1,4 @@
-"""orchestrator/reaper.py, the watchdog of a local Ray session, on a fake session (no Ray).
+"""orchestrator/run/reaper.py, the watchdog of a local Ray session, on a fake session (no Ray).
 
 A fake driver starts sleeping processes the way a Ray session has them (one Ray lists, one whose
 command line names the session directory, one with a Ray title and its output in the session's
@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import reaper
+from orchestrator.run import reaper
 from tests.conftest import ROOT
 
 GRACE_S = 1.0  # the watchdog's SIGTERM-to-SIGKILL grace here: the stubborn process costs this much
 
 DRIVER = r"""
 import json, signal, subprocess, sys, time
-from orchestrator import reaper
+from orchestrator.run import reaper
 
 session, other, grace, mode = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 SLEEP = "import signal, sys, time; 'stubborn' in sys.argv and signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"

@@ -1,5 +1,5 @@
-"""`python -m orchestrator.report`: the table and plots of an earlier sweep rebuilt from MLflow
-alone. A sweep is driven by hand (orchestrator.run.SweepRun with a real Tracker on an sqlite
+"""`python -m orchestrator.read.report`: the table and plots of an earlier sweep rebuilt from MLflow
+alone. A sweep is driven by hand (orchestrator.run.sweep.SweepRun with a real Tracker on an sqlite
 store, a scripted scheduler, no Ray) or its runs are written with MlflowClient; the report
 must print the table the sweep printed."""
 
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import report as rep
-from orchestrator.config import TrackingCfg
-from orchestrator.outcome import Outcome, Status
-from orchestrator.run import SweepRun
-from orchestrator.tracking import Tracker
+from orchestrator.common.outcome import Outcome, Status
+from orchestrator.plan.config import TrackingCfg
+from orchestrator.read import report as rep
+from orchestrator.record.tracking import Tracker
+from orchestrator.run.sweep import SweepRun
 from tasks.specs import Failure
 from tests.conftest import ROOT, plan_jobs
 from tests.test_plots import PNG_SIGNATURE, png_size
@@ -223,7 +223,7 @@ def test_a_real_sweep_and_its_report_print_the_same_table(tmp_path):
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = subprocess.run(
-        [sys.executable, "-m", "orchestrator.report", "latest", "--format", "text"],
+        [sys.executable, "-m", "orchestrator.read.report", "latest", "--format", "text"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from orchestrator.compare import compare_rows, compare_sweeps
-from orchestrator.outcome import Outcome, Status
-from orchestrator.report import plan_text, shapes_text, status_text, summary_rows, table
-from tasks.environment import fingerprint, peak_bandwidth_gbs
+from orchestrator.common.outcome import Outcome, Status
+from orchestrator.read.compare import compare_rows, compare_sweeps
+from orchestrator.read.report import plan_text, shapes_text, status_text, summary_rows, table
+from tasks.measure.environment import fingerprint, peak_bandwidth_gbs
 from tasks.phases import decode, phase_module
 
 
@@ -119,7 +119,7 @@ def test_compare_rows_show_each_variant_and_the_ones_only_one_sweep_has():
 def test_plan_text_shows_resources_notes_exports_and_skipped():
     """The dry run's view: each benchmark's resources and pool, why one cannot run, the
     export jobs with the variants they serve, the skipped combinations."""
-    from orchestrator.placement import Capacity
+    from orchestrator.plan.placement import Capacity
     from tests.test_plan import plan_of
 
     plan = plan_of(

@@ -122,7 +122,7 @@ def test_nothing_lost_nothing_duplicated_nothing_running(resumed):
 
 def test_a_driver_killed_with_sigkill_leaves_no_process(resumed):
     """Ray's dashboard and runtime-env agents used to outlive it by a minute (raylet and GCS
-    die with it): the driver's watchdog, orchestrator/reaper.py, ends them."""
+    die with it): the driver's watchdog, orchestrator/run/reaper.py, ends them."""
     assert resumed["first_left"] == [], f"processes of the killed driver's session outlived it: {resumed['first_left']}"
 
 

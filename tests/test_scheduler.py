@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.config import ClusterCfg
-from orchestrator.placement import bench_request
-from orchestrator.scheduler import Scheduler
+from orchestrator.plan.config import ClusterCfg
+from orchestrator.plan.placement import bench_request
+from orchestrator.run.scheduler import Scheduler
 
 pytestmark = pytest.mark.slow
 
@@ -179,7 +179,7 @@ class _FailedNode:
 
 
 def test_a_local_start_that_timed_out_is_ended_and_made_again(tmp_path, caplog):
-    from orchestrator.scheduler import _start_local
+    from orchestrator.run.scheduler import _start_local
 
     calls = []
 
@@ -198,7 +198,7 @@ def test_a_local_start_that_timed_out_is_ended_and_made_again(tmp_path, caplog):
 
 
 def test_a_local_start_fails_as_it_failed_after_its_last_attempt_or_on_another_error(tmp_path):
-    from orchestrator.scheduler import _start_local
+    from orchestrator.run.scheduler import _start_local
 
     calls = []
 

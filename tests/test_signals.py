@@ -1,5 +1,5 @@
 """Ctrl-C and SIGTERM in the driver wait for a write to the tracking store in flight, and only
-that (orchestrator.signals). CI once saw a Ctrl-C land inside MLflow's sqlite store: the abort
+that (orchestrator.common.signals). CI once saw a Ctrl-C land inside MLflow's sqlite store: the abort
 that closes every run then failed with "database is locked"."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import signal
 
 import pytest
 
-from orchestrator import signals
-from orchestrator.config import TrackingCfg
-from orchestrator.signals import Deferring, Terminated, deferred, installed
-from orchestrator.tracking import Tracker
+from orchestrator.common import signals
+from orchestrator.common.signals import Deferring, Terminated, deferred, installed
+from orchestrator.plan.config import TrackingCfg
+from orchestrator.record.tracking import Tracker
 
 
 @pytest.fixture

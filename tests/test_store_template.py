@@ -1,4 +1,4 @@
-"""A new local MLflow store starts as a copy of an empty template (orchestrator/store_template.py):
+"""A new local MLflow store starts as a copy of an empty template (orchestrator/record/store_template.py):
 made by the first new store of an MLflow version, copied by the next, never holding anyone's
 runs or experiments, never replacing a store that exists, and never in the way when the
 cache cannot be used."""
@@ -11,9 +11,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from orchestrator import store_template
-from orchestrator.config import TrackingCfg
-from orchestrator.tracking import Tracker
+from orchestrator.plan.config import TrackingCfg
+from orchestrator.record import store_template
+from orchestrator.record.tracking import Tracker
 
 
 def rows(db: Path, sql: str) -> list[tuple]:

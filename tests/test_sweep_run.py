@@ -1,4 +1,4 @@
-"""A sweep's state transitions, without Ray or MLflow: orchestrator.run.SweepRun driven by
+"""A sweep's state transitions, without Ray or MLflow: orchestrator.run.sweep.SweepRun driven by
 hand (and run_sweep with a scripted scheduler) against a tracker that keeps every run in
 memory and refuses what MLflow would refuse or what the driver must never do (logging into
 an ended run, ending a run twice, changing a param)."""
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.outcome import Status
-from orchestrator.run import SweepRun
+from orchestrator.common.outcome import Status
+from orchestrator.run.sweep import SweepRun
 from tasks.specs import BenchResult, ExportResult, Failure
 from tests.conftest import capacity, compose_jobs, plan_jobs
 
@@ -49,7 +49,7 @@ class FakeRun:
 
 
 class FakeTracker:
-    """orchestrator.tracking.Tracker's interface, in memory. `earlier`: what finished_ok()
+    """orchestrator.record.tracking.Tracker's interface, in memory. `earlier`: what finished_ok()
     finds (bench key -> an earlier sweep's run); `orphan_ids`: runs orphans() reports."""
 
     uri = "fake://tracker"
@@ -134,7 +134,7 @@ class FakeTracker:
 
 
 class FakeScheduler:
-    """orchestrator.scheduler.Scheduler's interface: records submissions; `results()`
+    """orchestrator.run.scheduler.Scheduler's interface: records submissions; `results()`
     answers each queued task with `respond(kind, key, spec)`."""
 
     seed = 1234  # the benchmarks' random order, recorded on the sweep's run
@@ -340,7 +340,7 @@ def test_an_export_logs_shapes_and_model_and_queues_the_benchmark(sweep, plan, t
 
 
 def test_an_exports_anatomy_goes_to_its_variant_as_metrics_a_record_and_a_table(sweep, plan, tmp_path):
-    from tasks.anatomy import summary
+    from tasks.export._anatomy import summary
 
     run, tracker, _ = sweep
     run.start()
@@ -583,10 +583,10 @@ def test_a_retry_is_recorded_on_the_open_variants_it_concerns(sweep, plan):
 
 
 def _install(monkeypatch, tracker, sched):
-    import orchestrator.run
+    import orchestrator.run.sweep
 
-    monkeypatch.setattr(orchestrator.run, "Tracker", lambda cfg, background=False: tracker)
-    monkeypatch.setattr(orchestrator.run, "Scheduler", lambda cluster: sched)
+    monkeypatch.setattr(orchestrator.run.sweep, "Tracker", lambda cfg, background=False: tracker)
+    monkeypatch.setattr(orchestrator.run.sweep, "Scheduler", lambda cluster: sched)
 
 
 def answer(tmp_path):
@@ -599,7 +599,7 @@ def answer(tmp_path):
 
 
 def test_run_sweep_runs_the_plan_and_returns_each_jobs_outcome(monkeypatch, tmp_path):
-    from orchestrator.run import run_sweep
+    from orchestrator.run.sweep import run_sweep
 
     tracker, sched = FakeTracker(), FakeScheduler(answer(tmp_path))
     _install(monkeypatch, tracker, sched)
@@ -620,7 +620,7 @@ def test_run_sweep_runs_the_plan_and_returns_each_jobs_outcome(monkeypatch, tmp_
 
 def test_an_interrupt_mid_sweep_aborts_open_runs_and_stops_the_scheduler(monkeypatch, tmp_path):
     """Ctrl-C while results are awaited: every open run ends KILLED, the interrupt goes on."""
-    from orchestrator.run import run_sweep
+    from orchestrator.run.sweep import run_sweep
 
     def respond(kind, key, spec):
         if kind == "bench" and key == f"{B}#0":
@@ -670,9 +670,9 @@ def test_a_captured_job_stands_for_its_kept_calls_and_its_failure_tells(tmp_path
     """A phase=captured job planned from a capture's result (the capture itself: test_capture.py):
     one variant per kept call, the application's figures on the sweep's run, its variants
     beside the application's loop at the end, and a failure of any of them is the job's."""
-    from orchestrator.capture import Captures
-    from orchestrator.config import validate_all
-    from orchestrator.plan import make_plan
+    from orchestrator.plan.capture import Captures
+    from orchestrator.plan.config import validate_all
+    from orchestrator.plan.planner import make_plan
     from tasks.specs import CaptureResult, PhaseSpec
 
     app = "examples.generate_app:run"

@@ -36,7 +36,7 @@ def two_ops() -> torch.nn.Module:
 
 
 def test_eager_bind_is_a_partial_run_in_inference_mode_inside_timed_region():
-    from tasks.bench import wall_clock
+    from tasks.measure.bench import wall_clock
     from tasks.runtimes.eager import TorchSession
 
     session = TorchSession(two_ops(), spec("eager"), META)
@@ -62,7 +62,7 @@ def compiled_session():
 
 
 def test_compile_timed_region_runs_the_loaded_graph_without_recompiling():
-    from tasks.bench import measure
+    from tasks.measure.bench import measure
     from tasks.runtimes.compile import _compile_counts
     from tasks.specs import BenchOptions
 

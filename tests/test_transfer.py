@@ -1,4 +1,4 @@
-"""tasks/transfer.py: an export cache entry packed where it was made, unpacked (verified) on
+"""tasks/worker/transfer.py: an export cache entry packed where it was made, unpacked (verified) on
 a node whose own cache lacks it; and where each node keeps its entries."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tarfile
 import pytest
 
 from tasks.jobs import verify_entry, write_manifest
-from tasks.transfer import NODE_CACHE_ENV, localise, node_entry, pack
+from tasks.worker.transfer import NODE_CACHE_ENV, localise, node_entry, pack
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The regression verdict end to end, on a slowdown of known size: three real sweeps of the
 test-only `spin` backend (tests/spin_backend/: eager plus a busy-wait of spin_us in every
-timed call) into one MLflow store, compared by `orchestrator.compare.main`.
+timed call) into one MLflow store, compared by `orchestrator.read.compare.main`.
 
     baseline   spin_us=40000   \
     rerun      spin_us=40000    > the same variant name, llama_decode_spin_cpu
@@ -71,7 +71,7 @@ def sweep(name: str, spin_us: int, common: list[str], out: Path) -> str:
     """One sweep of the spin variant; returns its sweep (parent) run id."""
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.run import run_sweep
+    from orchestrator.run.sweep import run_sweep
 
     overrides = [*common, f"backend.options.spin_us={spin_us}"]
     outcomes = run_sweep([compose(overrides)], [overrides], out / name, f"pytest test_verdict: {name}")
@@ -87,8 +87,8 @@ def sweeps(tmp_path_factory, mlflow_db, cache_override):
     ids) and "runs": each sweep's variant run."""
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.config import validate_all
-    from orchestrator.scheduler import Scheduler
+    from orchestrator.plan.config import validate_all
+    from orchestrator.run.scheduler import Scheduler
 
     folder = tmp_path_factory.mktemp("verdict")
     uri = mlflow_db(folder)
@@ -138,7 +138,7 @@ def machine(sweeps, name: str) -> str:
 def compare(sweeps, baseline: str, candidate: str, capsys) -> tuple[int, dict, str]:
     """compare.main on two of the sweeps: (exit status, the spin variant's row of the
     compare.json logged on the candidate's sweep run, the printed table)."""
-    from orchestrator.compare import main
+    from orchestrator.read.compare import main
 
     code = main([sweeps[baseline], sweeps[candidate], "--uri", sweeps["uri"], "--min-effect", str(MIN_EFFECT)])
     printed = capsys.readouterr().out

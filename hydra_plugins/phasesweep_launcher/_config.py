@@ -19,7 +19,7 @@ class PhaseSweepRayLauncherConf:
     - `dry_run`: print the plan (variants, resources, exports, skipped and excluded points,
       runs that already exist) and run nothing;
     - `exclude` / `include`: rules over the grid's points, e.g.
-      `exclude: [{backend: executorch, device: cuda}]` (orchestrator/grid.py says how they read);
+      `exclude: [{backend: executorch, device: cuda}]` (orchestrator/plan/grid.py says how they read);
     - `max_variants`: at most this many variants per model (the first, in grid order); null: all.
     """
 
@@ -34,7 +34,7 @@ class PhaseSweepRayLauncherConf:
 class PhaseSweepSweeperConf:
     """hydra.sweeper: Hydra's basic sweeper (the grid is the product of the swept values),
     without its check that composes every job before the launcher composes it again: the
-    launcher composes the whole batch, faster, before anything runs (orchestrator/compose.py)."""
+    launcher composes the whole batch, faster, before anything runs (orchestrator/plan/compose.py)."""
 
     _target_: str = "hydra_plugins.phasesweep_launcher.sweeper.PhaseSweepSweeper"
     max_batch_size: int | None = None

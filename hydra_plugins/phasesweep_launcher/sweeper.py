@@ -4,7 +4,7 @@ Hydra's basic sweeper, less one step: before handing a batch to the launcher it 
 every job once to find composition errors early, then the launcher composes each again.
 At 0.1-0.2 s a job that doubles the time before a 10,000-job grid is planned. phasesweep's
 launcher composes the whole batch before anything runs (once per combination of group
-choices: orchestrator/compose.py), so Hydra's errors still come before any work.
+choices: orchestrator/plan/compose.py), so Hydra's errors still come before any work.
 """
 
 from __future__ import annotations

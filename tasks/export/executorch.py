@@ -65,8 +65,8 @@ def export(
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import to_edge_transform_and_lower
 
-    from tasks.anatomy import executorch_anatomy
-    from tasks.description import executorch_methods
+    from tasks.export._anatomy import executorch_anatomy
+    from tasks.export._description import executorch_methods
     from tasks.export._shapes import dynamic_shapes
 
     opts = Options(**options)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import torch
 
 LIBRARIES = ("torch", "transformers", "onnx", "onnxscript")
-# what a fork server imports for its children (tasks/forks.py): the exporter's own modules
+# what a fork server imports for its children (tasks/worker/forks.py): the exporter's own modules
 # and those it imports on its first call (torch.export's tracer, AOT autograd and its
 # partitioner's networkx, torchlib's ops, the onnxscript optimiser): 0.5 s of each export
 PRELOAD = (
@@ -82,8 +82,8 @@ def export(
         )
     import onnx
 
-    from tasks.anatomy import onnx_anatomy
-    from tasks.description import onnx_metadata
+    from tasks.export._anatomy import onnx_anatomy
+    from tasks.export._description import onnx_metadata
 
     proto = onnx.load(str(path), load_external_data=False)  # the weights stay where they are
     onnx.helper.set_model_props(proto, onnx_metadata(description))

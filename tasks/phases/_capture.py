@@ -300,7 +300,7 @@ def _inputs(recorder: _Recorder, call: dict[str, Any], steps: int) -> dict[str, 
     """The arrays a kept call is replayed from: a decode call's `steps` tokens are its own and
     those the application fed next (fewer near the loop's end: tasks/phases/captured.py
     continues them with the reference's greedy picks)."""
-    from tasks.tensors import dtype_name, to_numpy
+    from tasks.model.tensors import dtype_name, to_numpy
 
     seq = recorder.order[call["sequence"]]
     at = seq.calls.index(call["call"])
@@ -388,7 +388,7 @@ def capture_job(spec: CaptureSpec) -> CaptureResult:
     try:
         import torch
 
-        from tasks.models import build_model
+        from tasks.model.models import build_model
 
         app = load_app(spec)
         if spec.threads:

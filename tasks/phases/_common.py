@@ -24,7 +24,7 @@ class PhaseData:
     dtypes: dict[str, str] = field(default_factory=dict)  # inputs whose numpy form is not their dtype (bfloat16)
 
     def example_args(self) -> tuple[torch.Tensor, ...]:
-        from tasks.tensors import to_torch
+        from tasks.model.tensors import to_torch
 
         return tuple(to_torch(a, self.dtypes.get(n)) for n, a in self.feeds.items())
 

@@ -112,7 +112,7 @@ def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dic
         return prefill.data_from_prompt(model, ids, dims)
     from transformers import DynamicCache
 
-    from tasks.tensors import to_torch
+    from tasks.model.tensors import to_torch
 
     dtype = str(arrays["cache_dtype"])
     pairs = [

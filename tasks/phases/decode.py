@@ -87,8 +87,8 @@ def data_from_cache(
     reference model on the cache the step before left."""
     import torch
 
-    from tasks.kv_cache import make_kv_cache
-    from tasks.tensors import dtype_name, to_numpy
+    from tasks.model.kv_cache import make_kv_cache
+    from tasks.model.tensors import dtype_name, to_numpy
 
     with torch.inference_mode():
         layout = make_kv_cache(kv_cache)
@@ -115,7 +115,7 @@ def data_from_cache(
 
 
 def build_graph(model: torch.nn.Module, phase: PhaseSpec, family: str, kv_cache: str, attention: str) -> torch.nn.Module:
-    from tasks.graphs import DecodeGraph, swap_attention
+    from tasks.model.graphs import DecodeGraph, swap_attention
 
     swap_attention(model, family, kv_cache, attention)
     graph = DecodeGraph(model)
@@ -126,7 +126,7 @@ def build_graph(model: torch.nn.Module, phase: PhaseSpec, family: str, kv_cache:
 def check_parity(session: Any, phase: PhaseSpec, feeds: dict, parity: dict, atol: float) -> dict[str, Any]:
     """parity_steps consecutive steps, each fed the cache the backend returned the step
     before (on the device where the session offers run_steps), every step compared."""
-    from tasks.parity import compare, host_steps, summary
+    from tasks.measure.parity import compare, host_steps, summary
 
     tokens_ = parity["step_tokens"]  # [B, N]
     ref = parity["ref_logits"]  # [N, B, 1, V]

@@ -63,7 +63,7 @@ def data_from_prompt(model: torch.nn.Module, ids: torch.Tensor, dims: dict[str, 
 
 
 def build_graph(model: torch.nn.Module, phase: PhaseSpec, family: str, kv_cache: str, attention: str) -> torch.nn.Module:
-    from tasks.graphs import PrefillGraph, swap_attention
+    from tasks.model.graphs import PrefillGraph, swap_attention
 
     swap_attention(model, family, kv_cache, attention)
     graph = PrefillGraph(model)
@@ -75,8 +75,8 @@ def check_parity(session: Any, phase: PhaseSpec, feeds: dict, parity: dict, atol
     """One call: its logits against the reference's, and every returned present.* cache
     against the cache the reference filled (a graph that returns a wrong cache would
     otherwise pass prefill and hand decode garbage)."""
-    from tasks.parity import compare, summary
-    from tasks.tensors import as_float32
+    from tasks.measure.parity import compare, summary
+    from tasks.model.tensors import as_float32
 
     logits, *present = session.run(feeds)
     report = summary([compare(logits, parity["ref_logits"][0], atol)], atol)

@@ -10,9 +10,9 @@ provides:
                                __post_init__ checks values and raises ConfigError
   load(spec, meta, feeds) -> Session   (the protocol in _base.py)
   PROFILER: str                (optional) the profiler its session's profile() uses:
-                               bench.profile=true needs one (tasks/profiles.py)
+                               bench.profile=true needs one (tasks/measure/profiles.py)
   PRELOAD: tuple[str, ...]     (optional) modules a node's fork server imports once for
-                               its benchmarks (tasks/forks.py); without it each benchmark
+                               its benchmarks (tasks/worker/forks.py); without it each benchmark
                                imports them after its fork (runtime.imports_after_fork)
 """
 

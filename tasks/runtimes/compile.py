@@ -19,7 +19,7 @@ from tasks.runtimes.eager import TorchSession, build_module, set_threads
 from tasks.specs import PAST, BenchSpec, choice
 
 LIBRARIES = ("torch", "transformers")
-PRELOAD = (*EAGER_PRELOAD, "torch._dynamo", "torch._inductor.config")  # what a fork server imports (tasks/forks.py)
+PRELOAD = (*EAGER_PRELOAD, "torch._dynamo", "torch._inductor.config")  # what a fork server imports (tasks/worker/forks.py)
 MEMORY_FACTOR = 1.5
 # model dtypes it runs, by device: other combinations are skipped at plan time
 DTYPES = {"cpu": ("float32", "float16", "bfloat16"), "cuda": ("float32", "float16", "bfloat16")}

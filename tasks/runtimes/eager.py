@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tasks.families import FAMILIES
+from tasks.model.families import FAMILIES
 from tasks.specs import BenchSpec
 
 if TYPE_CHECKING:
     import torch
 
 LIBRARIES = ("torch", "transformers")
-# what a fork server imports for its benchmarks (tasks/forks.py): what load() would import
+# what a fork server imports for its benchmarks (tasks/worker/forks.py): what load() would import
 PRELOAD = ("torch", "transformers", *dict.fromkeys(f.rotary_module for f in FAMILIES.values()))
 MEMORY_FACTOR = 1.5
 # model dtypes it runs, by device: other combinations are skipped at plan time
@@ -53,7 +53,7 @@ class TorchSession:
         (torch.compile guards on the difference and would recompile)."""
         import torch
 
-        from tasks.tensors import to_torch
+        from tasks.model.tensors import to_torch
 
         with torch.inference_mode():
             return [to_torch(a, self.dtypes.get(n)).to(self.device, copy=True) for n, a in feeds.items()]
@@ -62,7 +62,7 @@ class TorchSession:
         """Logits in float32; caches in their own dtype (bfloat16 as uint16 bits)."""
         import torch
 
-        from tasks.tensors import logits_numpy, to_numpy
+        from tasks.model.tensors import logits_numpy, to_numpy
 
         with torch.inference_mode():
             logits, *rest = self.module(*self._tensors(feeds))
@@ -73,7 +73,7 @@ class TorchSession:
         tensors it returned (on the device, in the model's dtype). Logits [B, 1, V] each."""
         import torch
 
-        from tasks.tensors import logits_numpy
+        from tasks.model.tensors import logits_numpy
 
         _ids, _pos, *past = self._tensors(feeds)
         out = []
@@ -94,7 +94,7 @@ class TorchSession:
 
     def profile(self, feeds: dict[str, np.ndarray], calls: int, folder: Path) -> list[dict[str, Any]]:
         """ATen ops by self time under torch.profiler; the harness calls it inside timed_region()."""
-        from tasks.profiles import torch_rows
+        from tasks.measure.profiles import torch_rows
 
         return torch_rows(self.bind(feeds), self.sync, self.device.type == "cuda", calls)
 
@@ -149,7 +149,7 @@ def set_threads(spec: BenchSpec) -> None:
 
 def build_module(spec: BenchSpec) -> torch.nn.Module:
     """The same graph module the exporters see, built from the spec."""
-    from tasks.models import build_model
+    from tasks.model.models import build_model
     from tasks.phases import phase_module
 
     model = build_model(spec.model)

@@ -45,14 +45,14 @@ class PteSession:
         self.metrics: dict[str, float] = {}
 
     def _tensors(self, feeds: dict[str, np.ndarray]) -> list:
-        from tasks.tensors import to_torch
+        from tasks.model.tensors import to_torch
 
         return [to_torch(a, self.dtypes.get(n)) for n, a in feeds.items()]
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Logits in float32; caches in their own dtype (bfloat16 as uint16 bits); copies
         out of the method's memory."""
-        from tasks.tensors import logits_numpy, to_numpy
+        from tasks.model.tensors import logits_numpy, to_numpy
 
         logits, *rest = self.method.execute(self._tensors(feeds))
         return [logits_numpy(logits), *(to_numpy(t.clone()) for t in rest)]
@@ -62,7 +62,7 @@ class PteSession:
         in the model's dtype (copied out of the method's memory, which the next call reuses)."""
         import torch
 
-        from tasks.tensors import logits_numpy
+        from tasks.model.tensors import logits_numpy
 
         _ids, _pos, *past = self._tensors(feeds)
         out = []
@@ -83,7 +83,7 @@ class PteSession:
         from executorch.devtools.inspector import TimeScale
         from executorch.runtime import Runtime
 
-        from tasks.profiles import WARMUP, executorch_rows
+        from tasks.measure.profiles import WARMUP, executorch_rows
 
         program = Runtime.get().load_program(self.path, enable_etdump=True, debug_buffer_size=0)
         method = program.load_method("forward")

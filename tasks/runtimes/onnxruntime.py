@@ -11,7 +11,7 @@ import numpy as np
 from tasks.specs import PAST, BenchSpec, choice
 
 LIBRARIES = ("onnxruntime",)
-PRELOAD = ("onnxruntime", "onnx")  # what a fork server imports for its children (tasks/forks.py); onnx reads the optimised graph (tasks/anatomy.py)
+PRELOAD = ("onnxruntime", "onnx")  # what a fork server imports for its children (tasks/worker/forks.py); onnx reads the optimised graph (tasks/export/_anatomy.py)
 MEMORY_FACTOR = 1.5  # peak RSS 6.8 GB benchmarking the Llama-3.2-1B architecture in fp32 (1.4x)
 # model dtypes it runs, by device: other combinations are skipped at plan time
 DTYPES = {"cpu": ("float32", "float16"), "cuda": ("float32", "float16", "bfloat16")}
@@ -77,7 +77,7 @@ class OrtSession:
 
         import onnxruntime as ort
 
-        from tasks.anatomy import onnx_anatomy
+        from tasks.export._anatomy import onnx_anatomy
 
         external = any(path.parent.glob(path.name + ".*"))  # model.onnx.data: external weights
         if external or self.device != "cpu":  # the CUDA EP's partitioned graph is not written out
@@ -130,7 +130,7 @@ class OrtSession:
 
         import onnxruntime as ort
 
-        from tasks.profiles import WARMUP, onnxruntime_rows
+        from tasks.measure.profiles import WARMUP, onnxruntime_rows
 
         opts = self._options  # the timed session's settings: it was made with them already
         before = opts.enable_profiling, opts.profile_file_prefix

@@ -33,7 +33,7 @@ FAULTS = ("none", "raise", "hang", "exit", "segv", "oom")
 OOM_LIMIT_BYTES = 2 << 30  # the address space the `oom` fault may fill
 
 LIBRARIES = ("torch", "transformers")
-# what its fork server imports once for its benchmarks (tasks/forks.py): eager's, and this
+# what its fork server imports once for its benchmarks (tasks/worker/forks.py): eager's, and this
 # module itself; without it each benchmark imported torch and transformers after its fork
 # (6-7 s here, `runtime.imports_after_fork` on its run listed them)
 PRELOAD = (*EAGER_PRELOAD, "spin_runtime")

@@ -2,7 +2,7 @@
 its constant (weight) bytes, and for ExecuTorch what each delegate partition took.
 
 One dict per artifact, the same keys for every format, so two sweeps' artifacts can be set
-side by side (orchestrator.compare shows what changed):
+side by side (orchestrator.read.compare shows what changed):
 
   ops            {op name: count} over the whole graph (ExecuTorch: inside delegates and out)
   outside_delegates {op name: count}  ExecuTorch: the ops left to portable kernels ({} for ONNX)

@@ -1,8 +1,8 @@
 """The regression verdict: two sweeps compared variant by variant on their raw latency samples.
 
-    python -m orchestrator.compare                         # the latest two sweeps of ./mlflow.db
-    python -m orchestrator.compare BASELINE CANDIDATE      # sweep run ids, or experiment names
-    python -m orchestrator.compare A B --min-effect 0.05 --alpha 0.05 --uri sqlite:///x/mlflow.db
+    python -m orchestrator.read.compare                         # the latest two sweeps of ./mlflow.db
+    python -m orchestrator.read.compare BASELINE CANDIDATE      # sweep run ids, or experiment names
+    python -m orchestrator.read.compare A B --min-effect 0.05 --alpha 0.05 --uri sqlite:///x/mlflow.db
 
 For every variant (child run that ended ok, matched by run name) of both sweeps, from the
 `latency_samples.json` artifacts (in the order they were timed): the ratio of medians
@@ -17,12 +17,12 @@ single calls are not independent samples.
     inconclusive  anything else: measure more, or accept a coarser min_effect
 
 A variant measured on shared cores on either side (metric shared_cores), or whose runs'
-machine-speed probes (metric machine_probe_us, tasks/bench.py) differ by more than
+machine-speed probes (metric machine_probe_us, tasks/measure/bench.py) differ by more than
 min_effect, is called slower or faster only beyond 50% (its interval describes the noise
 within each run, not a load or machine speed that came or went between the two sweeps);
 `same` keeps the min-effect band; in between it is inconclusive, and the table says why.
 
-Below the table, what changed inside each variant's artifact (tasks/anatomy.py, from the runs'
+Below the table, what changed inside each variant's artifact (tasks/export/_anatomy.py, from the runs'
 anatomy.json): "+24 transposes", "aten.bmm no longer delegated", ops new or gone.
 
 The table is printed and logged on the candidate's sweep run (compare.txt, compare.json, tag
@@ -44,18 +44,18 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.config import TrackingCfg
-from orchestrator.report import table
-from orchestrator.tracking import resolve_uri
-from tasks import anatomy
+from orchestrator.plan.config import TrackingCfg
+from orchestrator.read.report import table
+from orchestrator.record.tracking import resolve_uri
+from tasks.export import _anatomy as anatomy
 
 SAMPLES = "latency_samples.json"
 BLOCKS = 20  # contiguous blocks per run: the unit of the bootstrap and of the rank test
 SKETCH = 101  # quantiles kept per block
 VERDICTS = ("slower", "faster", "same", "inconclusive")
 # the minimum effect for a variant measured on shared cores (other processes took >5% of its
-# cores' time during the timed window, tasks/machine.py) or on a machine whose own speed
-# changed between the runs (tasks/bench.py's probe): within-run noise says nothing of a load
+# cores' time during the timed window, tasks/measure/machine.py) or on a machine whose own speed
+# changed between the runs (tasks/measure/bench.py's probe): within-run noise says nothing of a load
 # or a speed that came or went between the two sweeps
 DISTURBED_MIN_EFFECT = 0.5
 
@@ -222,7 +222,7 @@ def compare_sweeps(
 
 @dataclass(frozen=True)
 class Conditions:
-    """How one run's timed window went, from its metrics (tasks/machine.py, tasks/bench.py)."""
+    """How one run's timed window went, from its metrics (tasks/measure/machine.py, tasks/measure/bench.py)."""
 
     shared_cores: bool = False  # other processes took more than 5% of the bench cores' time
     probe_us: float | None = None  # the machine-speed probe's median; None in runs from before it
@@ -351,7 +351,7 @@ def _ok_runs(client: Any, parent_run_id: str, dst: Path) -> list[Any]:
 
 
 def sweep_anatomies(client: Any, runs: list[Any], dst: Path) -> dict[str, dict]:
-    """{variant name: tasks.anatomy of its artifact} of one sweep's ok variant runs (_ok_runs)
+    """{variant name: tasks.export._anatomy of its artifact} of one sweep's ok variant runs (_ok_runs)
     that have one."""
     found: dict[str, dict] = {}
     for run in runs:
@@ -402,7 +402,7 @@ def sweep_samples(
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m orchestrator.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m orchestrator.read.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("sweeps", nargs="*", metavar="BASELINE CANDIDATE", help="sweep run ids or experiment names")
     p.add_argument("--uri", default=None, help="MLflow tracking URI (default: sqlite:///$PWD/mlflow.db)")

@@ -1,5 +1,5 @@
 """Where a benchmark ran: CPU, GPU, library versions. Read on the worker that measures.
-The machine's state around the timed window (cores, governor, load): tasks/machine.py."""
+The machine's state around the timed window (cores, governor, load): tasks/measure/machine.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from tasks.machine import allowed_cores
+from tasks.measure.machine import allowed_cores
 
 ALWAYS = ("numpy",)  # besides the libraries of the variant's export format and runtime
 # peak DRAM bandwidth (GB/s) by GPU name substring, for `bandwidth_fraction_of_peak`;

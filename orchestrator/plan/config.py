@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from tasks.export import format_module
-from tasks.families import FAMILIES, model_dims
+from tasks.model.families import FAMILIES, model_dims
 from tasks.phases import phase_module
 from tasks.runtimes import profiled_runtimes, runtime_module
 from tasks.specs import (
@@ -229,7 +229,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
 
 
 class Sections(Protocol):
-    """A sweep's jobs read by group (orchestrator.compose.JobConfigs): `section_keys(i, keys)`
+    """A sweep's jobs read by group (orchestrator.plan.compose.JobConfigs): `section_keys(i, keys)`
     gives, for each top-level key, a key equal for two jobs whose group has equal content;
     `read_section(i, key)` a config whose `key` is job i's group."""
 
@@ -341,7 +341,7 @@ def validate(cfg: DictConfig) -> SweepPoint:
 def validate_all(configs: Sequence[DictConfig], overrides: list[list[str]]) -> list[SweepPoint]:
     """Every job validated; all errors at once, each distinct message once with the jobs
     it affects (a 1,000-job grid with one bad value prints one line, not 1,000). Configs
-    that can be read by group (orchestrator.compose.JobConfigs) are validated once per
+    that can be read by group (orchestrator.plan.compose.JobConfigs) are validated once per
     distinct group content: the points share those groups' (never changed) objects."""
     validator = _Validator(configs if hasattr(configs, "section_keys") else _Each(configs))  # type: ignore[arg-type]
     points: list[SweepPoint] = []

@@ -47,8 +47,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from tasks.heap import imports_uncollected
-from tasks.machine import alive, die_with_parent
+from tasks.measure.machine import alive, die_with_parent
+from tasks.worker.heap import imports_uncollected
 
 SOCKET = "forks.sock"
 LOCK = "forks.lock"
@@ -128,7 +128,7 @@ def serve(folder: Path, watch_pid: int | None, preload: Iterable[str], idle_s: f
     """Import `preload`, listen on folder/forks.sock, fork a child per connection; end when
     `watch_pid` ends or after `idle_s` without a task.
 
-    The imports run with the cyclic collector off and are then frozen (tasks/heap.py): the
+    The imports run with the cyclic collector off and are then frozen (tasks/worker/heap.py): the
     server starts faster, and a child's collections walk only the child's own objects."""
     with imports_uncollected():
         _preload(preload)
@@ -218,7 +218,7 @@ class Starting:
     def __init__(self, folder: Path, lock: Any, watch_pid: int, preload: tuple[str, ...]):
         self.folder, self.lock = folder, lock
         # not in a session of its own: whoever ends this process tree ends it
-        cmd = [sys.executable, "-m", "tasks.forks", str(folder), str(watch_pid), *preload]
+        cmd = [sys.executable, "-m", "tasks.worker.forks", str(folder), str(watch_pid), *preload]
         root = Path(__file__).resolve().parent.parent  # this checkout's tasks/, also in a Ray job's working dir
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
         with (folder / "server.log").open("ab") as log:
@@ -305,8 +305,10 @@ def run(conn: Connection, fn: Callable[[Any], Any], spec: Any, timeout_s: float 
 
 
 if __name__ == "__main__":
-    from tasks import forks as _this  # the module by its name, not __main__: its children set tasks.forks.FORKED
-    from tasks.heap import manage_process
+    from tasks.worker import (
+        forks as _this,  # the module by its name, not __main__: its children set tasks.worker.forks.FORKED
+    )
+    from tasks.worker.heap import manage_process
 
     manage_process()  # its imports frozen for its children (serve)
 

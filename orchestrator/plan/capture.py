@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import SweepPoint
-from orchestrator.placement import Capacity, Request, bench_request, bench_threads
-from orchestrator.report import say
-from orchestrator.variant import Variant
-from tasks.families import model_dims
+from orchestrator.plan.config import SweepPoint
+from orchestrator.plan.placement import Capacity, Request, bench_request, bench_threads
+from orchestrator.plan.variant import Variant
+from orchestrator.read.report import say
+from tasks.model.families import model_dims
 from tasks.phases import phase_module
 from tasks.phases.captured import describe, summary
 from tasks.specs import CaptureOptions, CaptureResult, CaptureSpec, ConfigError, PhaseSpec

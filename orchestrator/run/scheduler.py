@@ -1,6 +1,6 @@
 """Ray: start or join, the queue, timeouts, retries; nothing else.
 
-What each task asks Ray for is decided when the plan is made (orchestrator/placement.py);
+What each task asks Ray for is decided when the plan is made (orchestrator/plan/placement.py);
 the scheduler hands Ray only what can start now, so a task's clock measures its own run
 (the clock starts when the task is handed to Ray: worker start-up is counted in it).
 """
@@ -23,10 +23,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import ClusterCfg, ConfigError
-from orchestrator.placement import BENCH_RESOURCE, Capacity, Request, capacity_of, local_capacity
-from tasks.heap import imports_uncollected
+from orchestrator.plan.config import ClusterCfg, ConfigError
+from orchestrator.plan.placement import BENCH_RESOURCE, Capacity, Request, capacity_of, local_capacity
 from tasks.specs import Failure
+from tasks.worker.heap import imports_uncollected
 
 log = logging.getLogger("phasesweep")
 
@@ -60,7 +60,7 @@ def _import_ray_on_loopback():
 
 
 def _fork_folder(forks: bool | str, role: str) -> str | None:
-    """The folder of this node's fork server of `role` (tasks/forks.py), or None to spawn:
+    """The folder of this node's fork server of `role` (tasks/worker/forks.py), or None to spawn:
     servers per node and sweep, so a sweep's children run the code its servers imported; one
     for exports and one per runtime (tasks/jobs.fork_servers). `forks`: the folder of a local
     Ray's servers, which the driver keeps; True: this node's, kept by its host actor for this
@@ -92,8 +92,8 @@ class _ForkServerHost:
     def __init__(self, servers: dict[str, tuple[str, ...]]):
         import threading
 
-        from tasks import forks
         from tasks.jobs import EXPORT_SERVER
+        from tasks.worker import forks
 
         starting = {role: forks.begin(_fork_folder(True, role), os.getpid(), mods) for role, mods in servers.items()}
         first = starting.pop(EXPORT_SERVER, None)
@@ -124,12 +124,12 @@ def _node_id() -> str:
 
 
 def _export_entry(spec, timeout_s, forks, ship):
-    """The export, into this node's own cache (tasks/transfer.py); with `ship`, its entry
+    """The export, into this node's own cache (tasks/worker/transfer.py); with `ship`, its entry
     packed as the task's second return, which Ray's object store takes to any node."""
     from dataclasses import replace
 
     from tasks.jobs import EXPORT_SERVER, export_in_fresh_process  # heavy imports happen in the worker's child
-    from tasks.transfer import node_entry, pack
+    from tasks.worker.transfer import node_entry, pack
 
     forks = _fork_folder(forks, EXPORT_SERVER)
     result = export_in_fresh_process(replace(spec, out_dir=node_entry(spec.out_dir)), timeout_s, forks)
@@ -146,7 +146,7 @@ def _bench_entry(spec, timeout_s, forks, packed=None):
 
     from tasks.jobs import bench_in_fresh_process, bench_server  # a process of its own, whatever the worker ran
     from tasks.specs import BenchResult, Failure
-    from tasks.transfer import localise, node_entry
+    from tasks.worker.transfer import localise, node_entry
 
     spec = replace(spec, export_dir=node_entry(spec.export_dir))
     try:
@@ -259,7 +259,7 @@ def _start_local(start: Callable[[], Any], attempts: int = LOCAL_START_ATTEMPTS)
     """`start()` (ray.init of a local Ray), again when its raylet missed Ray's fixed 30 s to
     register with the GCS ("The current node timed out during startup"): on a busy machine a
     single start missed it (seen beside the two-node cluster test on 2 cores). What a failed
-    start had started is ended each time, its agents included (orchestrator/reaper.py)."""
+    start had started is ended each time, its agents included (orchestrator/run/reaper.py)."""
     for attempt in range(1, attempts + 1):
         try:
             start()
@@ -281,7 +281,7 @@ def _end_failed_start(e: BaseException) -> int:
     """End the processes of a local Ray whose start raised `e`: Ray's node object, found in the
     traceback (ray.init never returns it), lists them, and the watchdog ends what they started
     (the raylet's agents). Returns how many processes the node listed."""
-    from orchestrator import reaper
+    from orchestrator.run import reaper
 
     node, tb = None, e.__traceback__
     while tb is not None:  # the innermost frame of the node's __init__ holds it as `self`
@@ -299,10 +299,10 @@ def _end_failed_start(e: BaseException) -> int:
 
 
 def _watch_local_session(ray: Any) -> Any:
-    """Start the watchdog (orchestrator/reaper.py) of the local Ray just started: when this
+    """Start the watchdog (orchestrator/run/reaper.py) of the local Ray just started: when this
     driver is gone, however it ended (SIGKILL included), the watchdog ends what of the Ray
     session outlives it (its agents did, for a minute). None when Ray's node is not found."""
-    from orchestrator import reaper
+    from orchestrator.run import reaper
 
     node = getattr(ray._private.worker, "_global_node", None)  # Ray's own record of what it started
     pids = [info.process.pid for infos in getattr(node, "all_processes", {}).values() for info in infos]
@@ -352,7 +352,7 @@ class Scheduler:
         self.seed = seed if seed is not None else random.randrange(2**31)
         self.rng = random.Random(self.seed)
         self.owned = False
-        self.watchdog: Any = None  # orchestrator.reaper.Watchdog of the local Ray this driver started
+        self.watchdog: Any = None  # orchestrator.run.reaper.Watchdog of the local Ray this driver started
         self.queue: deque[_Task] = deque()
         self.running: dict[Any, _Task] = {}
         # exports travel through Ray's object store on a joined cluster, whose nodes need not
@@ -361,7 +361,7 @@ class Scheduler:
         self.payloads: dict[str, Any] = {}  # export cache entry (as planned) -> its packed entry's ref
         self._readers: dict[str, int] = {}  # export cache entry -> benchmarks queued or running on it
         self._fetched: Path | None = None  # where the driver unpacks what it logs
-        self._hosts: list[Any] = []  # the fork server host actors (tasks/forks.py), one per node
+        self._hosts: list[Any] = []  # the fork server host actors (tasks/worker/forks.py), one per node
         self._hosts_ready: list[Any] = []
         self._nodes: list[str] = []  # ids of the nodes given fork servers
         self._job_id = ""
@@ -376,7 +376,7 @@ class Scheduler:
         self.capacity: Capacity | None = local_capacity(cluster.num_cpus) if self.own_local else None
         self._started = False
         self._forks_base: Path | None = None  # a local Ray's fork servers (kept by this driver) live under it
-        self._starting: dict[str, Any] = {}  # role -> tasks.forks.Starting, not yet awaited
+        self._starting: dict[str, Any] = {}  # role -> tasks.worker.forks.Starting, not yet awaited
         self._servers: list[Any] = []  # the driver's fork servers' processes
 
     # -- lifecycle -------------------------------------------------------------------
@@ -392,7 +392,7 @@ class Scheduler:
         if self._started:
             return
         self._started = True
-        with imports_uncollected():  # Ray's import and start make objects to keep (tasks/heap.py)
+        with imports_uncollected():  # Ray's import and start make objects to keep (tasks/worker/heap.py)
             self._start()
 
     def _start(self) -> None:
@@ -448,7 +448,7 @@ class Scheduler:
             raise RuntimeError(f"the local Ray offers {live}, not the capacity it was started with and planned on: {self.capacity}")
 
     def start_fork_servers(self, servers: dict[str, tuple[str, ...]]) -> None:
-        """The fork servers (tasks/forks.py) on every alive node, `servers` (role -> what it
+        """The fork servers (tasks/worker/forks.py) on every alive node, `servers` (role -> what it
         imports) importing while the driver records the plan; the first task handed to Ray
         waits until each node's export server is ready."""
         if not self.cluster.fork_server or self._hosts or self._forks_base:
@@ -475,8 +475,8 @@ class Scheduler:
         stop()); all start at once, the benchmarks' awaited behind the export server's."""
         import uuid
 
-        from tasks import forks
         from tasks.jobs import EXPORT_SERVER
+        from tasks.worker import forks
 
         self._forks_base = _fork_base(f"driver-{os.getpid()}", uuid.uuid4().hex)
         for role, mods in servers.items():
@@ -495,7 +495,7 @@ class Scheduler:
         if not self.own_local:
             return False
         from tasks.jobs import MANIFEST
-        from tasks.transfer import node_entry
+        from tasks.worker.transfer import node_entry
 
         return (Path(node_entry(spec.out_dir)) / MANIFEST).is_file()
 
@@ -507,7 +507,7 @@ class Scheduler:
     def _await_forks(self) -> None:
         """Once, before the first task: every node's export server is ready (or failed: its
         tasks spawn their processes)."""
-        from tasks.forks import ForkServerError
+        from tasks.worker.forks import ForkServerError
 
         for starting in self._starting.values():  # this driver's (a local Ray's)
             try:
@@ -601,7 +601,7 @@ class Scheduler:
 
         import ray
 
-        from tasks.transfer import localise
+        from tasks.worker.transfer import localise
 
         if self._fetched is None:
             self._fetched = Path(tempfile.mkdtemp(prefix="phasesweep-exports-"))
@@ -621,7 +621,7 @@ class Scheduler:
         verified, is a result at once: no task (nor an export server) is needed to read it."""
         if kind == "export" and self.own_local:
             from tasks.jobs import cached_export
-            from tasks.transfer import node_entry
+            from tasks.worker.transfer import node_entry
 
             hit = cached_export(spec, node_entry(spec.out_dir))
             if hit is not None:

@@ -364,7 +364,7 @@ class JobConfigs(Sequence[DictConfig]):
                 exclude_keys=dirname.exclude_keys,
             )
 
-    # -- by group, for validation (orchestrator.config.validate_all) -----------------------------------
+    # -- by group, for validation (orchestrator.plan.config.validate_all) -----------------------------------
     def top_keys(self, idx: int) -> tuple[str, ...]:
         job = self.jobs[idx]
         return tuple(str(k) for k in self._full[idx]) if job.combo is None else self._combos[job.combo].top

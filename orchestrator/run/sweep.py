@@ -16,20 +16,20 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.capture import Captures, wants_capture
-from orchestrator.config import validate_all
-from orchestrator.grid import GridRules, grid_rules
-from orchestrator.outcome import Outcome, Status
-from orchestrator.placement import capacity_text, local_capacity
-from orchestrator.plan import Plan, make_plan
-from orchestrator.progress import Progress
-from orchestrator.report import plan_text, say, summary_rows, table
-from orchestrator.scheduler import Scheduler, beside
-from orchestrator.signals import deferred
-from orchestrator.tracking import Tracker, existing_runs, resolve_uri, ui_command, ui_lines
-from orchestrator.variant import Variant
-from tasks import anatomy
-from tasks.bench import pool_repeats
+from orchestrator.common.outcome import Outcome, Status
+from orchestrator.common.signals import deferred
+from orchestrator.plan.capture import Captures, wants_capture
+from orchestrator.plan.config import validate_all
+from orchestrator.plan.grid import GridRules, grid_rules
+from orchestrator.plan.placement import capacity_text, local_capacity
+from orchestrator.plan.planner import Plan, make_plan
+from orchestrator.plan.variant import Variant
+from orchestrator.read.report import plan_text, say, summary_rows, table
+from orchestrator.record.tracking import Tracker, existing_runs, resolve_uri, ui_command, ui_lines
+from orchestrator.run.progress import Progress
+from orchestrator.run.scheduler import Scheduler, beside
+from tasks.export import _anatomy as anatomy
+from tasks.measure.bench import pool_repeats
 from tasks.phases import label
 from tasks.specs import BenchResult, ExportResult, Failure
 
@@ -277,8 +277,8 @@ class SweepRun:
         )
 
     def log_profile(self, o: Outcome, rows: list[dict[str, Any]]) -> None:
-        from orchestrator.plots import profile_plot
-        from tasks.profiles import CHART, TABLE
+        from orchestrator.read.plots import profile_plot
+        from tasks.measure.profiles import CHART, TABLE
 
         self.tracker.log_table(o.run_id, rows, TABLE)
         folder = self.out_dir / "profiles" / o.name
@@ -333,10 +333,10 @@ class SweepRun:
                 )
         self.tracker.log_text(self.parent, text + "\n", "summary.txt")
         self.tracker.log_dict(self.parent, rows, "summary.json")
-        # the plots (orchestrator.plots: the report draws the same from MLflow): latency.png
+        # the plots (orchestrator.read.plots: the report draws the same from MLflow): latency.png
         # at the root of the sweep's run, the others under plots/
-        from orchestrator.plots import make_plots
-        from orchestrator.report import plot_rows, sweep_note
+        from orchestrator.read.plots import make_plots
+        from orchestrator.read.report import plot_rows, sweep_note
 
         params = {pv.name: pv.variant.params for pv in self.plan.variants}
         params.update({s.name: s.variant.params for s in self.plan.skipped})

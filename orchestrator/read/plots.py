@@ -412,7 +412,7 @@ def memory_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     return _save(fig, path)
 
 
-# -- a variant's per-op profile (bench.profile=true; tasks/profiles.py's rows) --------------------
+# -- a variant's per-op profile (bench.profile=true; tasks/measure/profiles.py's rows) --------------------
 def profile_plot(rows: list[dict[str, Any]], name: str, path: Path) -> bool:
     """The top ops of one variant's call as horizontal bars of time per call, largest on top,
     each labelled with its share of the call and executions per call; the rest and the time

@@ -3,7 +3,7 @@
 - `pin(threads)` (via `benchmark_cores`): in the benchmark's own process, before the runtime is loaded, pin every
   thread of the process to `threads` of the cores it may use, so the thread pools the
   runtime starts later (ONNX Runtime, XNNPACK, torch) inherit them. A CPU benchmark holds
-  its whole node (orchestrator/placement.py), so it takes the LAST cores of the allowed set:
+  its whole node (orchestrator/plan/placement.py), so it takes the LAST cores of the allowed set:
   core 0 tends to take interrupts and housekeeping.
 - `watch(cores)`: around the timed window, what pyperf records as system state: the
   frequency governor and current frequency of the bench cores, the load average before and

@@ -17,11 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from orchestrator import store_template
-from orchestrator.config import ConfigError, TrackingCfg
-from orchestrator.signals import Deferring
-from tasks.heap import imports_uncollected
-from tasks.machine import alive
+from orchestrator.common.signals import Deferring
+from orchestrator.plan.config import ConfigError, TrackingCfg
+from orchestrator.record import store_template
+from tasks.measure.machine import alive
+from tasks.worker.heap import imports_uncollected
 
 MAX_PARAMS, MAX_METRICS, MAX_TAG = 100, 1000, 5000  # MLflow's per-batch and per-value limits
 
@@ -247,7 +247,7 @@ class Tracker:
     """The sweep's tracking store. Its checks (a store that outlives a submitted job, a server
     that answers, an artifact root it may write) run when it is made; the connection itself
     (importing MLflow, 1.5 s, and opening the store: 0.7 s for a new one copied from
-    orchestrator/store_template.py's template, 2.2 s while MLflow makes the first) runs in a thread of
+    orchestrator/record/store_template.py's template, 2.2 s while MLflow makes the first) runs in a thread of
     its own when `background` is set and the store is local, beside a local Ray's start, and
     `client` and `experiment_id` wait for it (raising what it raised)."""
 
@@ -276,11 +276,11 @@ class Tracker:
 
     def _connect(self, cfg: TrackingCfg, root: Path | None) -> None:
         try:
-            with imports_uncollected():  # MLflow's import and a new store's migrations make objects to keep (tasks/heap.py)
+            with imports_uncollected():  # MLflow's import and a new store's migrations make objects to keep (tasks/worker/heap.py)
                 import mlflow.tracking  # noqa: F401 - before the store's lock: a sweep waiting on it never waits on our import
 
                 with _store_lock(self.uri), credentials_checked(self.uri):  # a new store is made (or copied) now
-                    # each call whole: a Ctrl-C waits for the write in flight (orchestrator.signals)
+                    # each call whole: a Ctrl-C waits for the write in flight (orchestrator.common.signals)
                     self._client = Deferring(store_template.client(self.uri))
                     self._experiment_id = self._experiment(cfg.experiment, root)
         except BaseException as e:  # noqa: BLE001 - raised where the connection is first used

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from orchestrator.outcome import Outcome, Status
+from orchestrator.common.outcome import Outcome, Status
 from tasks.specs import PAST
 
 
@@ -37,7 +37,7 @@ def _fmt(value: float | None, spec: str) -> str:
 def status_text(o: Outcome) -> str:
     if o.status == Status.OK:
         spread = o.metrics.get("latency_iqr_rel", 0.0)
-        machine = o.metrics.get("machine_probe_iqr_rel")  # tasks/bench.py: the machine's own speed
+        machine = o.metrics.get("machine_probe_iqr_rel")  # tasks/measure/bench.py: the machine's own speed
         why = f"iqr {spread:.0%}" + (f"; machine speed iqr {machine:.0%}" if machine is not None else "")
         text = f"ok, unstable ({why})" if o.unstable else "ok"
         return text + (f", reused from run {o.reused_from[:8]}" if o.reused_from else "")
@@ -145,10 +145,10 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def latency_plot(outcomes: list[Outcome], path: str) -> bool:
-    """The latency plot alone (orchestrator.plots.latency_plot) at `path`; False when
+    """The latency plot alone (orchestrator.read.plots.latency_plot) at `path`; False when
     nothing was measured."""
-    from orchestrator.plots import _matplotlib, measured
-    from orchestrator.plots import latency_plot as draw
+    from orchestrator.read.plots import _matplotlib, measured
+    from orchestrator.read.plots import latency_plot as draw
 
     rows = measured(plot_rows(outcomes))
     if not rows:
@@ -162,7 +162,7 @@ PLOT_PARAMS = ("phase.context_len",)  # the params a plot needs beyond the axes
 
 
 def plot_row(o: Outcome, params: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One variant as orchestrator.plots draws it (a plain dict, the same from a sweep's
+    """One variant as orchestrator.read.plots draws it (a plain dict, the same from a sweep's
     outcomes and from MLflow runs)."""
     return {
         "name": o.name,
@@ -358,7 +358,7 @@ def report(uri: str, ref: str, fmt: str = "markdown", out: Path | None = None) -
         writer.writerows(rows)
         return buf.getvalue()
     prows = plot_rows(outcomes, params)
-    from orchestrator.plots import make_plots
+    from orchestrator.read.plots import make_plots
 
     if fmt == "html":
         with tempfile.TemporaryDirectory() as tmp:
@@ -378,11 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from orchestrator.config import TrackingCfg
-    from orchestrator.tracking import resolve_uri
+    from orchestrator.plan.config import TrackingCfg
+    from orchestrator.record.tracking import resolve_uri
 
     ap = argparse.ArgumentParser(
-        prog="python -m orchestrator.report",
+        prog="python -m orchestrator.read.report",
         description="Rebuild the summary table and plots of an earlier sweep from MLflow alone.",
     )
     ap.add_argument("ref", help="the sweep's run id, an experiment name (its latest sweep), or 'latest'")

@@ -13,10 +13,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from orchestrator.capture import Captures
-from orchestrator.config import SweepPoint
-from orchestrator.grid import GridRules
-from orchestrator.placement import (
+from orchestrator.plan.capture import Captures
+from orchestrator.plan.config import SweepPoint
+from orchestrator.plan.grid import GridRules
+from orchestrator.plan.placement import (
     Capacity,
     Request,
     bench_request,
@@ -25,7 +25,7 @@ from orchestrator.placement import (
     memory_warning,
     placement_error,
 )
-from orchestrator.variant import Variant
+from orchestrator.plan.variant import Variant
 from tasks.export import format_module
 from tasks.phases import label, naming_keys
 from tasks.runtimes import runtime_module
@@ -78,7 +78,7 @@ class PlannedVariant:
 
     @property
     def config(self) -> DictConfig:
-        """Its first job's composed config (made when asked: orchestrator.compose)."""
+        """Its first job's composed config (made when asked: orchestrator.plan.compose)."""
         return self.configs[self.jobs[0]]
 
 
@@ -109,7 +109,7 @@ class Skipped:
 
 @dataclass(frozen=True)
 class Excluded:
-    """Points the grid's rules (orchestrator/grid.py) left out: nothing runs or is recorded."""
+    """Points the grid's rules (orchestrator/plan/grid.py) left out: nothing runs or is recorded."""
 
     jobs: tuple[int, ...]
     name: str  # its base name

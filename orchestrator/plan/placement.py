@@ -9,7 +9,7 @@ asks these functions for every task's resources, so the rules are tested without
 - A CPU benchmark asks for its node's bench slot (the custom resource `phasesweep_bench`,
   one per node) and ALL the CPUs of the smallest bench node, whatever `bench.threads` is:
   two CPU benchmarks never share a node and no export runs beside one, even beside a
-  1-thread benchmark (its process pins itself to `threads` cores: tasks/machine.py). On a
+  1-thread benchmark (its process pins itself to `threads` cores: tasks/measure/machine.py). On a
   bench node larger than the smallest one, the CPUs beyond it stay open to exports.
 - A CUDA benchmark asks for one GPU.
 

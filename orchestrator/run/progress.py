@@ -11,7 +11,7 @@ Two ways of showing it:
   `every_s` seconds or every `every_events` ended variants, and once at the end;
 - live (a terminal): the same ended lines scroll above a rich status line kept at the
   bottom, refreshed on every tick; only the final progress line is printed as a line.
-Every printed line goes through `emit` (orchestrator.report.say: the "phasesweep" logger,
+Every printed line goes through `emit` (orchestrator.read.report.say: the "phasesweep" logger,
 so Hydra's job log gets it); the live status line is drawn on the terminal only, never logged.
 
 The ETA learns from the tasks already finished: each kind's (export, benchmark process)
@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from statistics import fmean
 from typing import Any
 
-from orchestrator.outcome import Status
+from orchestrator.common.outcome import Status
 
 KINDS = ("export", "bench")
 
@@ -59,7 +59,7 @@ class Progress:
         processes (1 if absent); `skipped`: variants skipped when planned. `live`: None
         decides by whether stdout is a terminal."""
         if emit is None:
-            from orchestrator.report import say as emit
+            from orchestrator.read.report import say as emit
         self.export_of = dict(export_of)
         self.repeats = {n: (repeats or {}).get(n, 1) for n in self.export_of}
         self.skipped = skipped
@@ -78,7 +78,7 @@ class Progress:
 
     @classmethod
     def of(cls, plan: Any, **kwargs: Any) -> Progress:
-        """The progress of a planned sweep (orchestrator.plan.Plan)."""
+        """The progress of a planned sweep (orchestrator.plan.planner.Plan)."""
         return cls(
             {pv.name: pv.export_key for pv in plan.variants},
             {pv.name: pv.bench.bench.repeats for pv in plan.variants},

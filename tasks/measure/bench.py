@@ -112,7 +112,7 @@ def measure(
     total = 0  # sum of the timed durations, ns
     check_at = max(1, opts.min_iters)
     gc_enabled = gc.isenabled()
-    frozen_before = gc.get_freeze_count()  # a forked child holds its server's imports frozen (tasks/forks.py)
+    frozen_before = gc.get_freeze_count()  # a forked child holds its server's imports frozen (tasks/worker/forks.py)
     gc.freeze()
     gc.disable()
     try:

@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import BackendCfg, DeviceCfg, SweepPoint
+from orchestrator.plan.config import BackendCfg, DeviceCfg, SweepPoint
 from tasks.export import format_module
 from tasks.phases import label
 from tasks.runtimes import runtime_module
@@ -91,7 +91,7 @@ def _parts(v: Variant) -> tuple[Any, ...]:
 class Memo:
     """What the variants of one plan share, made once per distinct part: each model group's
     spec and weight bytes, each part's flattened params, each export key, each identity.
-    Points of one grid share their parts' objects (orchestrator.config.validate_all: one
+    Points of one grid share their parts' objects (orchestrator.plan.config.validate_all: one
     object per distinct group content), so keys are object ids; the memo holds the objects,
     so an id is not reused while it lives. What it gives is what Variant computes itself."""
 

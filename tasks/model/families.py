@@ -2,7 +2,7 @@
 
 Stdlib only: the driver imports this module to validate `model.family` and to size phases
 from a config dict, so it never pulls in torch or transformers. The torch side
-(tasks/models.py builds the model, tasks/graphs.py swaps its attention) reads the same
+(tasks/model/models.py builds the model, tasks/model/graphs.py swaps its attention) reads the same
 table, so adding a family is one entry here (and one yaml under conf/model/).
 
 An adapter names every attention submodule the swap keeps (torchtune style): the swap

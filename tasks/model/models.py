@@ -6,7 +6,7 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tasks import families
+from tasks.model import families
 from tasks.specs import DTYPES, ModelSpec
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def _classes(family: str):
-    """The family's transformers (config class, model class), from tasks.families.FAMILIES."""
+    """The family's transformers (config class, model class), from tasks.model.families.FAMILIES."""
     fam = families.get_family(family)
     transformers = importlib.import_module("transformers")
     return getattr(transformers, fam.config_class), getattr(transformers, fam.model_class)
@@ -66,7 +66,7 @@ def model_family(model: torch.nn.Module) -> str:
 
 
 def model_dims(model: torch.nn.Module) -> dict[str, int]:
-    """Sizes the phase inputs are generated from (tasks.families.model_dims of its config)."""
+    """Sizes the phase inputs are generated from (tasks.model.families.model_dims of its config)."""
     return families.model_dims(model_family(model), model.config.to_dict())
 
 

@@ -26,12 +26,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from orchestrator.config import BackendCfg, DeviceCfg
+from orchestrator.plan.config import BackendCfg, DeviceCfg
 from tasks.specs import ATTENTIONS, DEVICES, DTYPES, KV_CACHES, BenchOptions, ConfigError, ModelSpec, PhaseSpec
 
 # a group key stands for its option's name
 GROUP_KEYS = {"model": "model.name", "phase": "phase.name", "backend": "backend.name", "device": "device.name"}
-# the fields of each part of a variant (orchestrator.variant.Variant.params), and which hold dicts
+# the fields of each part of a variant (orchestrator.plan.variant.Variant.params), and which hold dicts
 SECTIONS: dict[str, tuple[str, ...]] = {
     "model": tuple(f.name for f in fields(ModelSpec)),
     "phase": tuple(f.name for f in fields(PhaseSpec)),

@@ -1,10 +1,10 @@
 """The prefill and decode graphs: a transformers model with its attention swapped out.
 
 Each decoder layer's `self_attn` is replaced (module swap) by PhaseAttention, which keeps
-the submodules the family's adapter names (tasks/families.py: q/k/v or fused qkv
+the submodules the family's adapter names (tasks/model/families.py: q/k/v or fused qkv
 projections, o_proj, optional per-head q/k norms) and the family's named rotary function,
-but hands the KV-cache update to a tasks/kv_cache.py module and the attention itself to a
-tasks/sdpa.py module. The rest of the layer (norms, MLP, residuals) runs as transformers
+but hands the KV-cache update to a tasks/model/kv_cache.py module and the attention itself to a
+tasks/model/sdpa.py module. The rest of the layer (norms, MLP, residuals) runs as transformers
 wrote it. The swap refuses an attention holding a parameter the adapter does not name.
 
 The cache is functional: tensors in, tensors out, threaded through one forward by a
@@ -23,10 +23,10 @@ import importlib
 import torch
 from torch import nn
 
-from tasks import families
-from tasks.families import AttentionAdapter
-from tasks.kv_cache import make_kv_cache
-from tasks.sdpa import make_attention
+from tasks.model import families
+from tasks.model.families import AttentionAdapter
+from tasks.model.kv_cache import make_kv_cache
+from tasks.model.sdpa import make_attention
 
 
 class StepState:
@@ -118,7 +118,7 @@ def check_adapter(original: nn.Module, adapter: AttentionAdapter, family: str, l
         raise ValueError(
             f"model.family={family!r}, layer {layer_idx}: {type(original).__name__} has parameters "
             f"{', '.join(unexpected)} outside the adapter's submodules ({', '.join(kept)}); "
-            "name them in tasks/families.py and apply them in PhaseAttention"
+            "name them in tasks/model/families.py and apply them in PhaseAttention"
         )
 
 
