@@ -16,10 +16,10 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from orchestrator.common.console import say
 from orchestrator.common.outcome import Outcome, Status
 from orchestrator.entry import run_or_exit
 from orchestrator.plan.config import ConfigError
-from orchestrator.read.report import say
 from tests.conftest import CONF, ROOT
 
 

@@ -24,7 +24,7 @@ import orchestrator.plan.config
 from orchestrator.plan.compose import JobConfigs
 from orchestrator.plan.config import validate_all
 from orchestrator.plan.planner import make_plan
-from orchestrator.read.report import plan_text
+from orchestrator.read.summary import plan_text
 from tests.conftest import ROOT, capacity
 
 # 2 x 2 x 4 x 2 = 32 combinations of group choices x 360 value overrides = 11,520 jobs:

@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.common.console import say
 from orchestrator.plan.config import SweepPoint
 from orchestrator.plan.placement import Capacity, Request, bench_request, bench_threads
 from orchestrator.plan.variant import Variant
-from orchestrator.read.report import say
 from tasks.model.families import model_dims
 from tasks.phases import phase_module
 from tasks.phases.captured import describe, summary
