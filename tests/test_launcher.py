@@ -90,6 +90,27 @@ def test_sweeper_is_ours_and_leaves_composing_to_the_launcher(hydra_cfg):
     assert PhaseSweepSweeper(max_batch_size=None).validate_batch_is_legal([["model=nope"]]) is None
 
 
+@pytest.mark.parametrize(
+    "args, params",
+    [
+        (["model=llama,phi3", "phase=prefill,decode", "bench.repeats=range(1,4)", "device=cpu"], {}),
+        (["model=phi3", "phase.batch=1,2", "model=llama,phi3"], {"backend": "eager,onnxruntime", "model": "llama"}),
+        ([], {}),
+    ],
+)
+def test_the_sweepers_grid_is_hydras_basic_sweepers(args, params):
+    """The same jobs, in the same order, as hydra/sweeper=basic (found through Hydra's ConfigStore)."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.utils import get_class
+
+    from hydra_plugins.phasesweep_launcher.sweeper import grid
+
+    basic = get_class(ConfigStore.instance().load("hydra/sweeper/basic.yaml").node._target_)
+    parsed = OverridesParser.create().parse_overrides([*(f"{k}={v}" for k, v in params.items()), *args])
+    assert grid(parsed) == basic.split_arguments(parsed, None)[0]
+
+
 def test_job_logging_is_ours(hydra_cfg):
     logs = OmegaConf.to_container(hydra_cfg().hydra.job_logging)  # not resolved: no run dir yet
     assert logs["root"]["level"] == "WARNING"

@@ -32,9 +32,7 @@ class PhaseSweepRayLauncherConf:
 
 @dataclass
 class PhaseSweepSweeperConf:
-    """hydra.sweeper: Hydra's basic sweeper (the grid is the product of the swept values),
-    without its check that composes every job before the launcher composes it again: the
-    launcher composes the whole batch, faster, before anything runs (orchestrator/plan/compose.py)."""
+    """hydra.sweeper: the grid as Hydra's basic sweeper makes it, jobs not composed before launch."""
 
     _target_: str = "hydra_plugins.phasesweep_launcher.sweeper.PhaseSweepSweeper"
     max_batch_size: int | None = None
