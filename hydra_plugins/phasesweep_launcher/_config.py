@@ -1,9 +1,5 @@
-"""The launcher's and the sweeper's config schemas, stored in Hydra's ConfigStore as
-hydra/launcher=phasesweep_ray and hydra/sweeper=phasesweep.
-
-Hydra's plugin scan skips modules named _*; ray_launcher.py and sweeper.py import this one,
-which stores the schemas. It imports nothing but Hydra.
-"""
+"""The launcher's and sweeper's schemas in Hydra's ConfigStore (hydra/launcher=phasesweep_ray,
+hydra/sweeper=phasesweep); imported by both plugin modules (the plugin scan skips _*)."""
 
 from dataclasses import dataclass, field
 from typing import Any
