@@ -1,10 +1,5 @@
-"""The one exit path of the driver, shared by a single run (sweep.py) and a sweep (the launcher).
-
-A bad config ends the process with one line naming the key, the value and the choices; a
-sweep with failed variants ends it with status 1 and the names of the failed ones, after
-every variant is recorded and summarised. Ctrl-C ends it with status 130, SIGTERM with 143,
-each with one line, after every open run is closed. Hydra's traceback is never the message.
-"""
+"""The one exit path of the driver, for a single run (sweep.py) and a sweep (the launcher): one
+line, never Hydra's traceback; status 1 when a variant failed, 130 on Ctrl-C, 143 on SIGTERM."""
 
 from __future__ import annotations
 

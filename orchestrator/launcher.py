@@ -1,12 +1,7 @@
-"""What phasesweep's Hydra launcher does (hydra_plugins/phasesweep_launcher/ray_launcher.py is the
-thin class Hydra instantiates): compose every job's config, hand the whole grid to the same
-entry a single run uses, and return one JobReturn a job.
-
-Only a planner that sees the whole grid can deduplicate exports, place work and resume, so
-the jobs are not run one by one as Hydra's basic launcher does. Jobs are composed once per
-combination of group choices, their value overrides applied on top (orchestrator/plan/compose.py):
-a 10,000-job grid is planned in seconds, not the half hour a compose per job takes.
-"""
+"""What phasesweep's Hydra launcher does (ray_launcher.py is the thin class Hydra instantiates):
+compose every job's config (plan/compose.py), hand the whole grid to the entry a single run
+uses (a planner that sees the whole grid deduplicates exports, places work and resumes),
+and return one JobReturn a job."""
 
 from __future__ import annotations
 
@@ -58,8 +53,7 @@ def grid_settings(launcher: Any, loader: Any) -> dict[str, Any]:
 
 
 class _JobReturn(JobReturn):
-    """A JobReturn whose cfg (and hydra_cfg) is composed when first read: a 10,000-job
-    dry run never builds 10,000 configs."""
+    """A JobReturn whose cfg (and hydra_cfg) is composed when first read, not for every job."""
 
     def __init__(self, configs: Sequence[DictConfig], idx: int, **kwargs: Any):
         self._configs, self._idx, self._cfg = configs, idx, None

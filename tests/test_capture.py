@@ -209,7 +209,7 @@ CAPTURED = ["phase=captured", f"phase.app={EXAMPLE}", "phase.capture.select=firs
 
 @pytest.mark.slow
 def test_a_captured_sweep_beside_a_synthetic_decode_of_the_same_shape(tmp_path, mlflow_db, cache_override):
-    from orchestrator.read.compare import Conditions, compare_sweeps, disturbances
+    from orchestrator.read.stats import Conditions, compare_sweeps, disturbances
 
     client, run = _sweep(tmp_path, mlflow_db, cache_override, ["phase=decode", "phase.context_len=128", *BENCH],
                          [*CAPTURED, *BENCH])

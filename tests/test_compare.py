@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from orchestrator.read.compare import (
+from orchestrator.compare import main
+from orchestrator.read.stats import (
     Conditions,
     block_bootstrap_medians,
     block_sketches,
@@ -18,7 +19,6 @@ from orchestrator.read.compare import (
     disturbance,
     disturbances,
     holm,
-    main,
     speed_change,
     verdict,
 )
@@ -168,7 +168,7 @@ def test_hundred_thousand_samples_compare_fast():
 
 
 def test_compare_imports_no_torch():
-    code = "import sys, orchestrator.read.compare; print('torch' in sys.modules)"
+    code = "import sys, orchestrator.compare; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -299,14 +299,14 @@ def test_usage_errors_exit_2(store, capsys):
     assert main([only, "--uri", uri]) == 2  # one of the two
     assert main(["lonely", "lonely", "--uri", uri]) == 2  # the same sweep twice
     assert main([only, "no-such-thing", "--uri", uri]) == 2
-    assert "neither a run id nor an MLflow experiment name" in capsys.readouterr().err
+    assert "neither a run id nor an experiment name" in capsys.readouterr().err
     child = client.search_runs([lonely], filter_string=f"tags.mlflow.parentRunId = '{only}'")[0].info.run_id
     assert main([only, child, "--uri", uri]) == 2
-    assert "variant's run" in capsys.readouterr().err
+    assert "is not a sweep run (variant)" in capsys.readouterr().err
 
 
 def test_shared_cores_need_a_large_effect_to_call_and_never_make_same_easier():
-    from orchestrator.read.compare import DISTURBED_MIN_EFFECT, verdict
+    from orchestrator.read.stats import DISTURBED_MIN_EFFECT, verdict
 
     # a tight 25% slowdown: slower on quiet cores, inconclusive on shared ones
     assert verdict(1.24, 1.26, 1e-9, 0.05, 0.05) == "slower"
@@ -321,7 +321,7 @@ def test_a_change_the_machine_made_itself_is_not_the_candidates():
     """Seen in the suite beside a sweep: the same graph measured twice, the candidate on shared
     cores while the machine-speed probe ran 1.97x slower too, and its latency 1.96x: called
     slower by the 50% rule alone. A disturbed verdict must also go beyond the probe's change."""
-    from orchestrator.read.compare import DISTURBED_MIN_EFFECT, verdict
+    from orchestrator.read.stats import DISTURBED_MIN_EFFECT, verdict
 
     assert verdict(1.6, 2.02, 1e-9, 0.05, 0.05, call=DISTURBED_MIN_EFFECT) == "slower"
     assert verdict(1.6, 2.02, 1e-9, 0.05, 0.05, call=DISTURBED_MIN_EFFECT, speed=1.97) == "inconclusive"

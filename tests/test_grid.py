@@ -17,7 +17,7 @@ from orchestrator.plan.compose import JobConfigs
 from orchestrator.plan.config import ConfigError, TrackingCfg, validate_all
 from orchestrator.plan.grid import grid_rules
 from orchestrator.plan.planner import make_plan
-from orchestrator.read.report import plan_text
+from orchestrator.read.summary import plan_text
 from tests.conftest import CONF, capacity
 
 GROUP_OPTIONS = {

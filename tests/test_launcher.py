@@ -16,10 +16,10 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from orchestrator.common.console import say
 from orchestrator.common.outcome import Outcome, Status
 from orchestrator.entry import run_or_exit
 from orchestrator.plan.config import ConfigError
-from orchestrator.read.report import say
 from tests.conftest import CONF, ROOT
 
 
@@ -88,6 +88,27 @@ def test_sweeper_is_ours_and_leaves_composing_to_the_launcher(hydra_cfg):
     names = [f"{p.__module__}.{p.__name__}" for p in Plugins.instance().discover(Sweeper)]
     assert "hydra_plugins.phasesweep_launcher.sweeper.PhaseSweepSweeper" in names
     assert PhaseSweepSweeper(max_batch_size=None).validate_batch_is_legal([["model=nope"]]) is None
+
+
+@pytest.mark.parametrize(
+    "args, params",
+    [
+        (["model=llama,phi3", "phase=prefill,decode", "bench.repeats=range(1,4)", "device=cpu"], {}),
+        (["model=phi3", "phase.batch=1,2", "model=llama,phi3"], {"backend": "eager,onnxruntime", "model": "llama"}),
+        ([], {}),
+    ],
+)
+def test_the_sweepers_grid_is_hydras_basic_sweepers(args, params):
+    """The same jobs, in the same order, as hydra/sweeper=basic (found through Hydra's ConfigStore)."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.utils import get_class
+
+    from hydra_plugins.phasesweep_launcher.sweeper import grid
+
+    basic = get_class(ConfigStore.instance().load("hydra/sweeper/basic.yaml").node._target_)
+    parsed = OverridesParser.create().parse_overrides([*(f"{k}={v}" for k, v in params.items()), *args])
+    assert grid(parsed) == basic.split_arguments(parsed, None)[0]
 
 
 def test_job_logging_is_ours(hydra_cfg):

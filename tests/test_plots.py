@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.common.outcome import Outcome, Status
-from orchestrator.read import plots
-from orchestrator.read.report import latency_plot, plot_rows
+from orchestrator.read import draw, plots, trend_plots
+from orchestrator.read.plots import plot_rows
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -86,7 +86,7 @@ def test_context_plot_needs_two_context_lengths_among_decode_variants(tmp_path):
     assert plots.CONTEXT not in drawn(prefill, tmp_path / "b")
     two = [row(backend="onnxruntime", ctx=c) for c in (64, 256)]
     assert plots.CONTEXT in drawn(two, tmp_path / "c")
-    assert list(plots.context_rows(two + prefill)) == ["llama"]
+    assert list(trend_plots.context_rows(two + prefill)) == ["llama"]
 
 
 def test_speedup_needs_eager_and_another_backend_of_the_same_model_and_phase(tmp_path):
@@ -102,7 +102,7 @@ def test_speedup_needs_eager_and_another_backend_of_the_same_model_and_phase(tmp
         row(backend="compile", median=8.0),
     ]
     assert plots.SPEEDUP in drawn(both, tmp_path / "d")
-    labels, backends, cells = plots.speedups(both)
+    labels, backends, cells = trend_plots.speedups(both)
     assert labels == ["llama · decode"] and backends == ["compile", "onnxruntime"]
     assert cells == {("llama · decode", "onnxruntime"): 4.0, ("llama · decode", "compile"): 0.5}
 
@@ -112,7 +112,7 @@ def test_speedup_compares_variants_that_differ_only_in_backend(tmp_path):
         row(backend=b, ctx=c, median=m)
         for b, c, m in (("eager", 64, 2.0), ("eager", 256, 6.0), ("onnxruntime", 64, 1.0))
     ]
-    labels, _, cells = plots.speedups(rows)
+    labels, _, cells = trend_plots.speedups(rows)
     assert labels == ["llama · decode ctx64"] and cells == {("llama · decode ctx64", "onnxruntime"): 2.0}
 
 
@@ -123,7 +123,7 @@ def test_memory_plot_needs_two_variants_with_memory_and_reads_cuda_memory_on_cud
         for b, m in (("eager", 40.0), ("compile", 60.0))
     ]
     assert plots.MEMORY in drawn(cuda, tmp_path / "b")
-    assert {k: [mb for _, mb in v] for k, v in plots.memory_points(cuda).items()} == {
+    assert {k: [mb for _, mb in v] for k, v in trend_plots.memory_points(cuda).items()} == {
         "cuda_peak_allocated_mb": [40.0, 60.0]
     }
 
@@ -142,7 +142,7 @@ def test_latency_plot_without_ci_or_p90_and_with_many_panels(tmp_path):
     assert list(drawn(rows, tmp_path)) == [plots.LATENCY, plots.SPEEDUP]
 
 
-def test_rows_from_outcomes_and_the_old_entry_point(tmp_path):
+def test_rows_from_outcomes(tmp_path):
     ok = Outcome(
         "llama_decode_eager_cpu",
         Status.OK,
@@ -154,12 +154,12 @@ def test_rows_from_outcomes_and_the_old_entry_point(tmp_path):
     rows = plot_rows([ok, failed], {ok.name: {"phase.context_len": 64, "model.dtype": "float32"}})
     assert rows[0]["params"] == {"phase.context_len": "64"} and rows[0]["status"] == "ok"
     assert [r["name"] for r in plots.measured(rows)] == [ok.name]
-    assert latency_plot([ok, failed], str(tmp_path / "latency.png")) and png_size(tmp_path / "latency.png")
-    assert not latency_plot([failed], str(tmp_path / "none.png")) and not (tmp_path / "none.png").exists()
+    assert plots.make_plots(rows, tmp_path) == [tmp_path / plots.LATENCY] and png_size(tmp_path / plots.LATENCY)
+    assert plots.make_plots(rows[1:], tmp_path / "none") == [] and not (tmp_path / "none").exists()
 
 
 @pytest.mark.parametrize(
     "name, expected", [("llama_decode_eager_cpu", ""), ("llama_decode_eager_cpu_ctx64_bf16", "ctx64_bf16")]
 )
 def test_suffix_is_what_the_name_says_beyond_the_four_axes(name, expected):
-    assert plots.suffix({**row(), "name": name}) == expected
+    assert draw.suffix({**row(), "name": name}) == expected

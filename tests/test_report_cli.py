@@ -1,4 +1,4 @@
-"""`python -m orchestrator.read.report`: the table and plots of an earlier sweep rebuilt from MLflow
+"""`python -m orchestrator.report`: the table and plots of an earlier sweep rebuilt from MLflow
 alone. A sweep is driven by hand (orchestrator.run.sweep.SweepRun with a real Tracker on an sqlite
 store, a scripted scheduler, no Ray) or its runs are written with MlflowClient; the report
 must print the table the sweep printed."""
@@ -18,9 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import report as cli
 from orchestrator.common.outcome import Outcome, Status
 from orchestrator.plan.config import TrackingCfg
 from orchestrator.read import report as rep
+from orchestrator.read import store as st
+from orchestrator.read import summary
 from orchestrator.record.tracking import Tracker
 from orchestrator.run.sweep import SweepRun
 from tasks.specs import Failure
@@ -58,31 +61,31 @@ def swept(tmp_path_factory, mlflow_db):
 def test_the_report_prints_the_table_the_sweep_printed(swept):
     uri, parent, text, outcomes = swept
     assert rep.report(uri, parent, "text") == text + "\n"
-    client = rep._client(uri)
-    rebuilt, _ = rep.load_sweep(client, client.get_run(parent))
-    assert rep.summary_rows(rebuilt) == rep.summary_rows(outcomes)
-    assert rep.markdown_table(rep.summary_rows(rebuilt)) == rep.markdown_table(rep.summary_rows(outcomes))
+    client = st.open_store(uri)
+    rebuilt, _ = st.load_sweep(client, client.get_run(parent))
+    assert summary.summary_rows(rebuilt) == summary.summary_rows(outcomes)
+    assert summary.markdown_table(summary.summary_rows(rebuilt)) == summary.markdown_table(summary.summary_rows(outcomes))
 
 
 def test_the_sweep_run_carries_plots_description_and_table(swept, tmp_path):
     uri, parent, text, outcomes = swept
-    client = rep._client(uri)
+    client = st.open_store(uri)
     files = {a.path for a in client.list_artifacts(parent)}
     assert {"summary.txt", "summary.json", "latency.png", "summary_table.json"} <= files
     note = client.get_run(parent).data.tags["mlflow.note.content"]
     assert "python sweep.py -m phase=prefill,decode" in note
-    assert rep.markdown_table(rep.summary_rows(outcomes)) in note
+    assert summary.markdown_table(summary.summary_rows(outcomes)) in note
     table = json.loads(Path(client.download_artifacts(parent, "summary_table.json", str(tmp_path))).read_text())
-    assert table["columns"] == list(rep.summary_rows(outcomes)[0])
+    assert table["columns"] == list(summary.summary_rows(outcomes)[0])
     assert [r[0] for r in table["data"]] == [o.name for o in outcomes]
 
 
 def test_markdown_links_the_plots_written_next_to_it(swept, tmp_path):
     uri, parent, _, outcomes = swept
     out = tmp_path / "report.md"
-    assert rep.main([parent, "--uri", uri, "--out", str(out)]) == 0
+    assert cli.main([parent, "--uri", uri, "--out", str(out)]) == 0
     text = out.read_text()
-    assert rep.markdown_table(rep.summary_rows(outcomes)) in text
+    assert summary.markdown_table(summary.summary_rows(outcomes)) in text
     links = re.findall(r"!\[[^]]*\]\(([^)]+)\)", text)
     assert links == ["report_plots/latency.png"]  # one measured decode backend and one prefill: no other axes
     assert png_size(tmp_path / links[0])
@@ -90,15 +93,15 @@ def test_markdown_links_the_plots_written_next_to_it(swept, tmp_path):
 
 def test_csv_is_the_table(swept, capsys):
     uri, parent, _, outcomes = swept
-    assert rep.main([parent, "--uri", uri, "--format", "csv"]) == 0
+    assert cli.main([parent, "--uri", uri, "--format", "csv"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
-    assert rows == [{k: str(v) for k, v in r.items()} for r in rep.summary_rows(outcomes)]
+    assert rows == [{k: str(v) for k, v in r.items()} for r in summary.summary_rows(outcomes)]
 
 
 def test_html_is_one_page_with_the_plots_embedded(swept, tmp_path):
     uri, parent, _, outcomes = swept
     out = tmp_path / "r.html"
-    assert rep.main([parent, "--uri", uri, "--format", "html", "--out", str(out)]) == 0
+    assert cli.main([parent, "--uri", uri, "--format", "html", "--out", str(out)]) == 0
     page = out.read_text()
     images = re.findall(r'<img [^>]*src="data:image/png;base64,([^"]+)"', page)
     assert len(images) == 1 and base64.b64decode(images[0])[:8] == PNG_SIGNATURE
@@ -167,7 +170,7 @@ def store(tmp_path_factory, mlflow_db):
 
 def test_reused_runs_are_part_of_the_report_and_every_plot_is_rebuilt(store, tmp_path):
     uri, client, _, second, reused = store
-    outcomes, params = rep.load_sweep(client, client.get_run(second))
+    outcomes, params = st.load_sweep(client, client.get_run(second))
     assert {o.name: o.reused_from for o in outcomes}["llama_decode_eager_cpu_ctx64"] == reused
     assert all(o.status == Status.OK and o.shapes == {"input_ids": [1, 1], "cache_position": [1]} for o in outcomes)
     assert [o.unstable for o in outcomes].count(True) == 1 and params["llama_decode_eager_cpu_ctx64"][
@@ -176,7 +179,7 @@ def test_reused_runs_are_part_of_the_report_and_every_plot_is_rebuilt(store, tmp
     text = rep.report(uri, second, "text")
     assert f"ok, reused from run {reused[:8]}" in text and "ok, unstable (iqr 0%)" in text
     out = tmp_path / "r.md"
-    assert rep.main([second, "--uri", uri, "--out", str(out)]) == 0
+    assert cli.main([second, "--uri", uri, "--out", str(out)]) == 0
     links = re.findall(r"\]\(([^)]+)\)", out.read_text())
     assert links == [
         f"r_plots/{p}"
@@ -191,17 +194,17 @@ def test_reused_runs_are_part_of_the_report_and_every_plot_is_rebuilt(store, tmp
 
 def test_latest_and_an_experiment_name_resolve_to_the_newest_sweep(store):
     uri, client, _, second, _ = store
-    assert rep.find_sweep(client, "ctx").info.run_id == second
-    assert rep.find_sweep(client, "latest").info.run_id == second
+    assert st.find_sweep(client, "ctx").info.run_id == second
+    assert st.find_sweep(client, "latest").info.run_id == second
 
 
 def test_a_bad_reference_exits_2_with_a_clear_message(store, capsys, tmp_path):
     uri, _, _, _, reused = store
-    assert rep.main(["no-such-thing", "--uri", uri]) == 2
+    assert cli.main(["no-such-thing", "--uri", uri]) == 2
     assert "neither a run id nor an experiment name" in capsys.readouterr().err
-    assert rep.main([reused, "--uri", uri]) == 2
+    assert cli.main([reused, "--uri", uri]) == 2
     assert "is not a sweep run (variant); pass its parent run's id" in capsys.readouterr().err
-    assert rep.main(["latest", "--uri", f"sqlite:///{tmp_path / 'none.db'}"]) == 2
+    assert cli.main(["latest", "--uri", f"sqlite:///{tmp_path / 'none.db'}"]) == 2
     assert "no MLflow store" in capsys.readouterr().err
 
 
@@ -210,7 +213,7 @@ def test_a_sweep_with_nothing_measured_reports_its_table_without_plots(store):
     exp = client.get_experiment_by_name("ctx").experiment_id
     empty = _sweep(client, exp, "sweep_empty")
     o = Outcome("x", Status.SKIPPED, error="nothing to do")
-    assert "(no variants)" in rep.report(uri, empty, "markdown") and rep.status_text(o) == "skipped: nothing to do"
+    assert "(no variants)" in rep.report(uri, empty, "markdown") and summary.status_text(o) == "skipped: nothing to do"
     assert "(nothing measured)" in rep.report(uri, empty, "html")
 
 
@@ -223,7 +226,7 @@ def test_a_real_sweep_and_its_report_print_the_same_table(tmp_path):
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = subprocess.run(
-        [sys.executable, "-m", "orchestrator.read.report", "latest", "--format", "text"],
+        [sys.executable, "-m", "orchestrator.report", "latest", "--format", "text"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -7,9 +7,11 @@ import os
 import numpy as np
 import pytest
 
+from orchestrator.common.console import table
 from orchestrator.common.outcome import Outcome, Status
-from orchestrator.read.compare import compare_rows, compare_sweeps
-from orchestrator.read.report import plan_text, shapes_text, status_text, summary_rows, table
+from orchestrator.read.compare import compare_rows
+from orchestrator.read.stats import compare_sweeps
+from orchestrator.read.summary import plan_text, shapes_text, status_text, summary_rows
 from tasks.measure.environment import fingerprint, peak_bandwidth_gbs
 from tasks.phases import decode, phase_module
 

@@ -1,6 +1,6 @@
 """The regression verdict end to end, on a slowdown of known size: three real sweeps of the
 test-only `spin` backend (tests/spin_backend/: eager plus a busy-wait of spin_us in every
-timed call) into one MLflow store, compared by `orchestrator.read.compare.main`.
+timed call) into one MLflow store, compared by `orchestrator.compare.main`.
 
     baseline   spin_us=40000   \
     rerun      spin_us=40000    > the same variant name, llama_decode_spin_cpu
@@ -138,7 +138,7 @@ def machine(sweeps, name: str) -> str:
 def compare(sweeps, baseline: str, candidate: str, capsys) -> tuple[int, dict, str]:
     """compare.main on two of the sweeps: (exit status, the spin variant's row of the
     compare.json logged on the candidate's sweep run, the printed table)."""
-    from orchestrator.read.compare import main
+    from orchestrator.compare import main
 
     code = main([sweeps[baseline], sweeps[candidate], "--uri", sweeps["uri"], "--min-effect", str(MIN_EFFECT)])
     printed = capsys.readouterr().out

@@ -1,9 +1,5 @@
-"""The launcher's and the sweeper's config schemas, stored in Hydra's ConfigStore as
-hydra/launcher=phasesweep_ray and hydra/sweeper=phasesweep.
-
-Hydra's plugin scan skips modules named _*; ray_launcher.py and sweeper.py import this one,
-which stores the schemas. It imports nothing but Hydra.
-"""
+"""The launcher's and sweeper's schemas in Hydra's ConfigStore (hydra/launcher=phasesweep_ray,
+hydra/sweeper=phasesweep); imported by both plugin modules (the plugin scan skips _*)."""
 
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,9 +28,7 @@ class PhaseSweepRayLauncherConf:
 
 @dataclass
 class PhaseSweepSweeperConf:
-    """hydra.sweeper: Hydra's basic sweeper (the grid is the product of the swept values),
-    without its check that composes every job before the launcher composes it again: the
-    launcher composes the whole batch, faster, before anything runs (orchestrator/plan/compose.py)."""
+    """hydra.sweeper: the grid as Hydra's basic sweeper makes it, jobs not composed before launch."""
 
     _target_: str = "hydra_plugins.phasesweep_launcher.sweeper.PhaseSweepSweeper"
     max_batch_size: int | None = None

@@ -1,9 +1,6 @@
-"""phasesweep's Hydra launcher, hydra/launcher=phasesweep_ray (its schema: _config.py).
-
-Thin by design: it keeps what Hydra hands it and delegates to orchestrator.launcher.launch,
-which composes every job's config and runs the whole grid at once. Hydra imports this module
-during its plugin scan, so the orchestrator (and Ray, MLflow) is imported only at launch.
-"""
+"""phasesweep's Hydra launcher, hydra/launcher=phasesweep_ray (schema: _config.py): keeps what
+Hydra hands it and delegates to orchestrator.launcher.launch, imported only at launch (Hydra's
+plugin scan imports this module)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""Ctrl-C and SIGTERM in the driver: raised at once, except in the middle of a write to the
-tracking store, where they wait for the write to end.
-
-A KeyboardInterrupt raised inside MLflow's sqlite store can leave a connection checked out
-with its transaction open (the exception skips MLflow's rollback, and its traceback keeps the
-connection alive): the abort that follows, closing every open run as KILLED, then waits out
-sqlite's busy timeout and fails with "database is locked" (seen once in CI, beside other work).
-So the tracker's calls into MLflow run inside `deferred()`: a signal arriving there is noted,
-and raised as soon as the outermost write returns. Ray's wait, the plan, uploads between
-writes: everything else is interrupted where it stands, as before.
-
-Only the main thread takes signals (Python's rule); `deferred()` in another thread does nothing.
-"""
+"""Ctrl-C and SIGTERM in the driver: raised at once, except inside a write to the tracking
+store (`deferred()`), where they wait for the outermost write to end: an interrupt inside
+MLflow's sqlite store can leave a transaction open and the store locked. Main thread only."""
 
 from __future__ import annotations
 

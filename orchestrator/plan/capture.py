@@ -1,17 +1,7 @@
-"""phase=captured in the driver: run each distinct capture before the plan is made, hand the
-planner the phases each one kept, and record the application's own figures on the sweep's run.
-
-A capture needs the model and the application (torch, the user's code), so it runs on a
-worker in a process of its own (tasks/phases/_capture.py). It asks for a CPU bench node whole, as a
-CPU benchmark does, so the application's timings share their cores with nothing of this
-sweep. It runs after Ray starts and before any MLflow run exists: an application that
-raises, never calls the model, or calls it in ways no phasesweep graph represents ends the
-sweep with one line naming it, before any export.
-
-A point is captured when its phase names an application (phase.app: only phase=captured
-accepts one); one capture serves every point of the same model weights, application and
-capture options, whatever their backend, device, cache layout or attention.
-"""
+"""phase=captured in the driver: run each distinct capture (on a worker, a CPU bench node whole)
+before the plan is made, hand the planner the phases each kept, and record the application's
+own figures on the sweep's run. One capture serves every point of the same model weights,
+application and capture options; one that fails ends the sweep before any export."""
 
 from __future__ import annotations
 
@@ -22,10 +12,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.common.console import say
 from orchestrator.plan.config import SweepPoint
 from orchestrator.plan.placement import Capacity, Request, bench_request, bench_threads
 from orchestrator.plan.variant import Variant
-from orchestrator.read.report import say
 from tasks.model.families import model_dims
 from tasks.phases import phase_module
 from tasks.phases.captured import describe, summary

@@ -1,48 +1,27 @@
-"""Every job's config of a sweep, composed without composing every job.
+"""Every job's config of a sweep, composed once per combination of group choices, not once per job.
 
-Hydra composes one job in about 0.1 s (0.2-0.4 s on a loaded 2-core machine): 10,000 jobs
-would take half an hour before anything is planned. A grid's jobs differ in a few group
-choices (`model=phi3`) and value overrides (`phase.context_len=512`); Hydra applies value
-overrides after composing the defaults list, one by one, with `OmegaConf.update`. So here:
-
-- each distinct combination of group overrides is composed once (`load_sweep_config`,
-  exactly as a launcher composes a job);
-- a job's value overrides are applied on top of its combination, in their order, by the
-  function Hydra applies them with when it composes (`ConfigLoaderImpl._apply_overrides_to_config`);
-- a job is composed by Hydra in full, as Hydra's own launchers do, when any of its
-  overrides is not a plain value change of a key its combination already has: `+key=`,
-  `++key=`, `~key`, `hydra.*`, `key@package`, a dict given to a group, a list element, a key
-  the combination lacks (Hydra then gives its own error), or text Hydra's grammar refuses.
-
-Combinations are cheap too: a grid of 2 models x 2 phases x 4 backends x 2 devices has 32 of
-them. The first is composed as the reference; one that differs from it in several groups
-is made from it by swapping in each differing group's node, taken from the "star"
-combination that differs from the reference in that group alone (composed by Hydra).
-Hydra's defaults lists, recorded as it composes, say when that is exact: the star's list is
-the reference's but for that group's one entry, a leaf (no defaults of its own) placed at
-the group's own top-level package, and the star's other groups' nodes and choices equal the
-reference's. Otherwise the combination is composed by Hydra. So a grid costs about one
-compose per group option, not one per combination.
-
-Configs are materialised only when asked for (`JobConfigs[i]`: a fresh DictConfig each time,
-equal to Hydra's full compose of that job: tests/test_compose.py). Validation reads a job
-by group (`section_keys`, `read_section`): each group's content is converted once per
-distinct (content, overrides of that group), so a 10,000-job grid converts a few dozen
-groups. A group whose content, or one of whose overrides, holds an interpolation (`${...}`)
-may depend on other groups: it is read from the job's whole config and never shared.
+A job's value overrides (`phase.context_len=512`) are applied on top of its combination's
+config as Hydra applies them (OmegaConf.update, merged); a job with any other override
+(`+key=`, `~key`, `hydra.*`, `key@pkg`, a key its combination lacks) is composed by Hydra whole.
+A combination that differs from the first (the reference) in several groups is the reference
+with each such group's node swapped in from a "star" (the reference but for that group),
+where Hydra's defaults lists show the swap is exact; otherwise Hydra composes it.
+Equal to Hydra's compose of every job: tests/test_compose.py.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
+from hydra.errors import ConfigCompositionException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 __all__ = ["JobConfigs"]
 
@@ -50,22 +29,19 @@ GROUP, VALUE, FULL = "group", "value", "full"
 _NONE: tuple[tuple[Override, ...], tuple[str, ...], bool] = ((), (), False)  # no override of a group
 
 
-class _RecordingLoader(ConfigLoaderImpl):
-    """Hydra's config loader, keeping the defaults list of the config it composed last."""
+def _apply(overrides: Sequence[Override], cfg: DictConfig) -> None:
+    """Plain `key=value` overrides of existing keys, applied as Hydra's compose applies them."""
+    for o in overrides:
+        try:
+            OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+        except OmegaConfBaseException as e:
+            raise ConfigCompositionException(f"Error merging override {o.input_line}") from e
 
-    defaults: list[tuple[Any, ...]] | None = None
 
-    def _compose_config_from_defaults_list(self, defaults: list[Any], repo: Any) -> DictConfig:
-        self.defaults = [(d.config_path, d.package, d.parent, d.is_self) for d in defaults]
-        return super()._compose_config_from_defaults_list(defaults, repo)
-
-
-def _recording(loader: Any) -> _RecordingLoader | None:
-    """A recording twin of Hydra's loader (same search path), or None where the loader is not
-    the Hydra one this was written against: then every combination is composed."""
-    if type(loader) is not ConfigLoaderImpl or not hasattr(ConfigLoaderImpl, "_compose_config_from_defaults_list"):
-        return None
-    return _RecordingLoader(config_search_path=loader.config_search_path)
+def _dirname(overrides: Sequence[Override], exclude_keys: Sequence[str], item_sep: str, kv_sep: str) -> str:
+    """hydra.job.override_dirname, as Hydra's compose writes it."""
+    lines = sorted(o.input_line for o in overrides if o.key_or_group not in exclude_keys)
+    return item_sep.join(lines).replace("=", kv_sep)
 
 
 def _has_interpolation(obj: Any) -> bool:
@@ -170,15 +146,11 @@ class JobConfigs(Sequence[DictConfig]):
         self._kind: dict[str, str] = {}
         self._combos: dict[tuple[str, ...], _Combo] = {}
         self._full: dict[int, DictConfig] = {}
-        self._recorder = _recording(loader)
         self._reference: tuple[tuple[str, ...], list[tuple[str, str]]] | None = None  # its key, (group, option)s
         self._stars: dict[tuple[int, str], _Combo | None] = {}  # (position, override) -> its star, if swappable
         self._content_ids: dict[str, int] = {}  # a group's content as text -> a small number
         self._interp: dict[str, tuple[str, bool]] = {}  # override text -> (its top-level key, interpolates)
-        repository = getattr(loader, "repository", None)
-        self._group_exists: Callable[[str], bool] = (
-            repository.group_exists if repository is not None else (lambda key: True)  # unknown: every key may be one
-        )
+        self._groups: dict[str, set[str]] = {}  # parent group -> its groups
         self.jobs = [self._job(i, tuple(lines)) for i, lines in enumerate(job_overrides)]
 
     # -- each job's way -----------------------------------------------------------------------
@@ -244,11 +216,17 @@ class JobConfigs(Sequence[DictConfig]):
         return self._combos[key]
 
     def _compose_recorded(self, key: tuple[str, ...]) -> _Combo:
-        if self._recorder is None:
-            return _Combo(self._compose(list(key)))
-        self._recorder.defaults = None
-        cfg = self._recorder.load_sweep_config(self.master, list(key))
-        return _Combo(cfg, self._recorder.defaults)
+        """Composed by Hydra, with its defaults list (config_path, package, parent, is_self)."""
+        overrides = [*self.master.hydra.overrides.hydra, *key]
+        found = self.loader.compute_defaults_list(self.master.hydra.job.config_name, overrides, RunMode.RUN)
+        defaults = [(d.config_path, d.package, d.parent, d.is_self) for d in found.defaults]
+        return _Combo(self._compose(list(key)), defaults)
+
+    def _group_exists(self, key: str) -> bool:
+        parent, _, name = key.rpartition("/")
+        if parent not in self._groups:
+            self._groups[parent] = set(self.loader.list_groups(parent))
+        return name in self._groups[parent]
 
     def _choices(self, key: tuple[str, ...]) -> list[tuple[str, str]] | None:
         """(group, option) of each override of a combination, or None unless each is a
@@ -340,7 +318,7 @@ class JobConfigs(Sequence[DictConfig]):
             cfg = self._full[idx]
         else:
             cfg = copy.deepcopy(self._combos[job.combo].cfg)
-            ConfigLoaderImpl._apply_overrides_to_config(list(job.values), cfg)
+            _apply(job.values, cfg)
             self._hydra_fields(cfg, job)
         with open_dict(cfg):
             cfg.hydra.job.id = cfg.hydra.job.num = self.first_job + idx
@@ -357,7 +335,7 @@ class JobConfigs(Sequence[DictConfig]):
         dirname = cfg.hydra.job.config.override_dirname
         with open_dict(cfg.hydra):
             cfg.hydra.overrides.task = list(job.lines)
-            cfg.hydra.job.override_dirname = get_overrides_dirname(
+            cfg.hydra.job.override_dirname = _dirname(
                 overrides=[self._parsed[line] for line in job.lines],
                 kv_sep=dirname.kv_sep,
                 item_sep=dirname.item_sep,
@@ -400,5 +378,5 @@ class JobConfigs(Sequence[DictConfig]):
         source = combo._source(key)
         root = OmegaConf.create({key: copy.deepcopy(source.cfg[key])} if key in combo.top else {})
         OmegaConf.set_struct(root, True)
-        ConfigLoaderImpl._apply_overrides_to_config(list(mine), root)
+        _apply(mine, root)
         return root

@@ -1,23 +1,10 @@
-"""Grid control: which points of a composed grid are planned at all.
+"""Grid control (`hydra.launcher.exclude/include/max_variants`): which points of a composed grid
+are planned at all.
 
-Set on the launcher (`hydra.launcher.*`, schema: hydra_plugins/phasesweep_launcher/_config.py),
-on the command line or under `hydra.launcher:` in conf/sweep.yaml:
-
-    exclude: [{backend: executorch, device: cuda}, {phase: decode, phase.context_len: [4096, 8192]}]
-    include: [{model: llama}, {model: phi3, model.dtype: float32}]
-    max_variants: 20
-
-A rule maps keys to a value or a list of values; a point matches it when every key's value
-is one of them. A key is a group (`model`, `phase`, `backend`, `device`: the option's name)
-or a dotted key of the variant's config, as its MLflow params name it (`phase.context_len`,
-`model.dtype`, `backend.options.mode`, `bench.repeats`). `exclude` drops the points matching
-any of its rules; `include`, when given, keeps only the points matching one of its rules
-(it filters; it never adds points). `max_variants` keeps the first N variants of each model,
-in the grid's order, after the rules and after equal points were merged into one variant.
-Excluded points are planned as nothing: no run, no MLflow record; the plan and the dry run
-list each with the rule that excluded it. The rules are checked before anything runs:
-an unknown key or a value a key cannot take is an error naming the key, the value and what
-is allowed.
+A rule maps keys (a group, or a dotted config key as MLflow params name it) to a value or a
+list of values; a point matches when every key's value is one of them. `exclude` drops the
+points matching any rule; `include`, when given, keeps only those matching one; `max_variants`
+keeps each model's first N variants in grid order. Excluded points are listed with their rule.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""Placement rules, pure: what a cluster can hold and what each task asks Ray for.
+"""Placement rules, pure (no Ray): what a cluster can hold and what each task asks Ray for.
 
-No Ray here: the scheduler reads the nodes and hands them to `capacity_of`; the planner
-asks these functions for every task's resources, so the rules are tested without a cluster.
-
-- An export asks for its format's RESOURCES (one CPU by default) and memory for its
-  format's MEMORY_FACTOR x the weights, so two large exports never share a node that
-  cannot hold both.
-- A CPU benchmark asks for its node's bench slot (the custom resource `phasesweep_bench`,
-  one per node) and ALL the CPUs of the smallest bench node, whatever `bench.threads` is:
-  two CPU benchmarks never share a node and no export runs beside one, even beside a
-  1-thread benchmark (its process pins itself to `threads` cores: tasks/measure/machine.py). On a
-  bench node larger than the smallest one, the CPUs beyond it stay open to exports.
-- A CUDA benchmark asks for one GPU.
-
-A dry run on a local cluster plans for `local_capacity()`, this machine as a local Ray
-would offer it, without starting Ray.
+- An export asks for its format's RESOURCES and MEMORY_FACTOR x the weights of memory.
+- A CPU benchmark asks for its node's bench slot and all the CPUs of the smallest bench node,
+  so nothing of the sweep runs beside it; a CUDA benchmark asks for one GPU.
+- A dry run plans for `local_capacity()`: this machine as a local Ray would offer it.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ class Progress:
         processes (1 if absent); `skipped`: variants skipped when planned. `live`: None
         decides by whether stdout is a terminal."""
         if emit is None:
-            from orchestrator.read.report import say as emit
+            from orchestrator.common.console import say as emit
         self.export_of = dict(export_of)
         self.repeats = {n: (repeats or {}).get(n, 1) for n in self.export_of}
         self.skipped = skipped

@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.common.console import say, table
 from orchestrator.common.outcome import Outcome, Status
 from orchestrator.common.signals import deferred
 from orchestrator.plan.capture import Captures, wants_capture
@@ -24,7 +25,7 @@ from orchestrator.plan.grid import GridRules, grid_rules
 from orchestrator.plan.placement import capacity_text, local_capacity
 from orchestrator.plan.planner import Plan, make_plan
 from orchestrator.plan.variant import Variant
-from orchestrator.read.report import plan_text, say, summary_rows, table
+from orchestrator.read.summary import plan_text, summary_rows
 from orchestrator.record.tracking import Tracker, existing_runs, resolve_uri, ui_command, ui_lines
 from orchestrator.run.progress import Progress
 from orchestrator.run.scheduler import Scheduler, beside
@@ -335,8 +336,8 @@ class SweepRun:
         self.tracker.log_dict(self.parent, rows, "summary.json")
         # the plots (orchestrator.read.plots: the report draws the same from MLflow): latency.png
         # at the root of the sweep's run, the others under plots/
-        from orchestrator.read.plots import make_plots
-        from orchestrator.read.report import plot_rows, sweep_note
+        from orchestrator.read.plots import make_plots, plot_rows
+        from orchestrator.read.summary import sweep_note
 
         params = {pv.name: pv.variant.params for pv in self.plan.variants}
         params.update({s.name: s.variant.params for s in self.plan.skipped})
