@@ -19,7 +19,6 @@ from typing import Any
 
 from orchestrator.common.signals import Deferring
 from orchestrator.plan.config import ConfigError, TrackingCfg
-from orchestrator.record import store_template
 from tasks.measure.machine import alive
 from tasks.worker.heap import imports_uncollected
 
@@ -246,8 +245,7 @@ def existing_runs(cfg: TrackingCfg) -> dict[str, list[str]]:
 class Tracker:
     """The sweep's tracking store. Its checks (a store that outlives a submitted job, a server
     that answers, an artifact root it may write) run when it is made; the connection itself
-    (importing MLflow, 1.5 s, and opening the store: 0.7 s for a new one copied from
-    orchestrator/record/store_template.py's template, 2.2 s while MLflow makes the first) runs in a thread of
+    (importing MLflow and opening the store, or making a new one: seconds) runs in a thread of
     its own when `background` is set and the store is local, beside a local Ray's start, and
     `client` and `experiment_id` wait for it (raising what it raised)."""
 
@@ -277,11 +275,12 @@ class Tracker:
     def _connect(self, cfg: TrackingCfg, root: Path | None) -> None:
         try:
             with imports_uncollected():  # MLflow's import and a new store's migrations make objects to keep (tasks/worker/heap.py)
-                import mlflow.tracking  # noqa: F401 - before the store's lock: a sweep waiting on it never waits on our import
+                # imported before the store's lock: a sweep waiting on it never waits on our import
+                from mlflow.tracking import MlflowClient
 
-                with _store_lock(self.uri), credentials_checked(self.uri):  # a new store is made (or copied) now
+                with _store_lock(self.uri), credentials_checked(self.uri):  # a new store is made now
                     # each call whole: a Ctrl-C waits for the write in flight (orchestrator.common.signals)
-                    self._client = Deferring(store_template.client(self.uri))
+                    self._client = Deferring(MlflowClient(tracking_uri=self.uri))
                     self._experiment_id = self._experiment(cfg.experiment, root)
         except BaseException as e:  # noqa: BLE001 - raised where the connection is first used
             self._error = e
