@@ -46,7 +46,7 @@ import numpy as np
 
 from orchestrator.plan.config import TrackingCfg
 from orchestrator.read.report import table
-from orchestrator.record.tracking import resolve_uri
+from orchestrator.record.store import resolve_uri
 from tasks.export import _anatomy as anatomy
 
 SAMPLES = "latency_samples.json"

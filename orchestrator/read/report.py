@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     from orchestrator.plan.config import TrackingCfg
-    from orchestrator.record.tracking import resolve_uri
+    from orchestrator.record.store import resolve_uri
 
     ap = argparse.ArgumentParser(
         prog="python -m orchestrator.read.report",
