@@ -136,10 +136,8 @@ stop_pg() {
   if pg_running; then
     pid="$(head -n 1 "$pgdata/postmaster.pid" 2>/dev/null)"
     pg pg_ctl stop -D "$pgdata" -m fast -w -t 60 >/dev/null
-    # pg_ctl returns once postmaster.pid is gone, which the postmaster removes just before it
-    # exits: wait for the postmaster itself (pg_ctl starts it as a session leader; in_session
-    # skips a zombie nothing reaps). It outlives every child it shut down, so "stopped" means
-    # no process of PostgreSQL is left
+    # pg_ctl returns before the postmaster (a session leader) exits: wait for its session to
+    # empty, so "stopped" means no process of PostgreSQL is left
     for ((i = 0; i < 100; i++)); do
       [ -z "$(in_session "${pid:-0}")" ] && break
       sleep 0.1
@@ -334,9 +332,11 @@ fi
 
 # the account must open the server: a stored admin keeps the password it was created with
 code="$(MLFLOW_TRACKING_USERNAME="$user" MLFLOW_TRACKING_PASSWORD="$password" "$PYTHON" - "$url" <<'EOF'
-import base64, os, sys, urllib.error, urllib.request
-token = base64.b64encode(f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ['MLFLOW_TRACKING_PASSWORD']}".encode())
-req = urllib.request.Request(sys.argv[1] + "/api/2.0/mlflow/users/current", headers={"Authorization": "Basic " + token.decode()})
+import base64, os, sys, urllib.error, urllib.parse, urllib.request
+user = os.environ["MLFLOW_TRACKING_USERNAME"]
+token = base64.b64encode(f"{user}:{os.environ['MLFLOW_TRACKING_PASSWORD']}".encode()).decode()
+url = sys.argv[1] + "/api/2.0/mlflow/users/get?" + urllib.parse.urlencode({"username": user})
+req = urllib.request.Request(url, headers={"Authorization": "Basic " + token})
 try:
     urllib.request.urlopen(req, timeout=10).read()
     print(200)

@@ -9,8 +9,8 @@
   `planned_variant(...)` fill it through the planner, so a sweep given `cluster.export_cache=`
   that folder (`cache_override`) finds the same entries, and each export is made once
   (`planned_variant.prefetch(...)` shares a module's exports with a background process).
-- `mlflow_db(folder)`: an MLflow sqlite store whose tables are already created (a copy of
-  the session's store template: MLflow's migrations take seconds; they run once a session).
+- `mlflow_db(folder)`: an MLflow sqlite store whose tables are already made (a copy of one
+  store MLflow made once a session).
 - `sweep_in_tmp(*argv)`: `python sweep.py *argv` run in this process, in the test's tmp_path.
 """
 
@@ -219,31 +219,25 @@ def onnx_exports(exported):
     return {(m, p): exported(m, p, "onnx") for m in ("llama", "phi3") for p in ("prefill", "decode")}
 
 
-@pytest.fixture(scope="session", autouse=True)
-def store_templates(tmp_path_factory) -> Path:
-    """The test session's own cache of MLflow store templates (orchestrator/record/store_template.py),
-    shared by its test processes and every sweep they start: the first new store of the
-    session makes the template, later ones are copies; the user's cache is never touched."""
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    (folder := shared / "store_templates").mkdir(exist_ok=True)
-    os.environ["PHASESWEEP_CACHE_DIR"] = str(folder)
-    return folder
-
-
 @pytest.fixture(scope="session")
-def mlflow_db(tmp_path_factory, store_templates):
-    """`mlflow_db(folder)` -> the sqlite URI of `folder`/mlflow.db, a store whose tables are
-    made (a copy of the session's template: MLflow's migrations take seconds, and run once)."""
-    import mlflow
+def mlflow_db(tmp_path_factory):
+    """`mlflow_db(folder)` -> the sqlite URI of `folder`/mlflow.db: a file copy of one store
+    MLflow made once a session (its migrations take seconds)."""
+    import shutil
 
-    from orchestrator.record import store_template
+    from mlflow.tracking import MlflowClient
 
-    store_template.client(f"sqlite:///{tmp_path_factory.mktemp('mlflow_template') / 'mlflow.db'}")  # the template
+    made = tmp_path_factory.mktemp("mlflow_store")
+    here = Path.cwd()
+    os.chdir(made)  # MLflow puts the Default experiment's artifacts under the working folder
+    try:
+        MlflowClient(tracking_uri=f"sqlite:///{made / 'mlflow.db'}").search_experiments(max_results=1)
+    finally:
+        os.chdir(here)
 
     def copy_to(folder: Path) -> str:
         folder.mkdir(parents=True, exist_ok=True)
-        assert store_template.seed(folder / "mlflow.db", mlflow.__version__)
+        shutil.copyfile(made / "mlflow.db", folder / "mlflow.db")
         return f"sqlite:///{folder / 'mlflow.db'}"
 
     return copy_to

@@ -322,7 +322,7 @@ def test_nothing_the_cluster_test_started_is_left_running(submitted):
 def test_a_job_refuses_a_store_inside_its_working_directory(tmp_path, monkeypatch):
     """The check itself (orchestrator.record.tracking.check_outlives_job), each store it guards."""
     from orchestrator.plan.config import TrackingCfg
-    from orchestrator.record.tracking import RAY_JOB_ENV, check_outlives_job
+    from orchestrator.record.store import RAY_JOB_ENV, check_outlives_job
     from tasks.specs import ConfigError
 
     monkeypatch.chdir(tmp_path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import logging
 
-from orchestrator.record.tracking import ui_command, ui_lines, ui_links
+from orchestrator.record.links import ui_command, ui_lines, ui_links
 from orchestrator.run.progress import Progress, clock_text
 
 A, B, C = "llama_prefill_onnxruntime_cpu", "llama_decode_onnxruntime_cpu", "llama_decode_eager_cpu"

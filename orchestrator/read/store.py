@@ -10,7 +10,7 @@ from typing import Any
 
 from orchestrator.common.outcome import Outcome, Status
 from orchestrator.plan.config import TrackingCfg
-from orchestrator.record.tracking import resolve_uri
+from orchestrator.record.store import resolve_uri
 
 SWEEP_FILTER = "tags.`phasesweep.role` = 'sweep'"
 

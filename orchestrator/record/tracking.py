@@ -1,7 +1,6 @@
-"""MLflow: one parent run per sweep invocation, one child run per variant, batched logging.
+"""MLflow: one parent run per sweep, one child run per variant, batched logging.
 
-The driver owns every run's life: a child run is created when its variant is planned and
-ended with its final status here, because a worker that died cannot report its own death.
+The driver owns every run's life: a worker that died cannot report its own end.
 mlflow is imported lazily so `python sweep.py --help` stays instant.
 """
 
@@ -12,212 +11,48 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from orchestrator.common.signals import Deferring
-from orchestrator.plan.config import ConfigError, TrackingCfg
-from orchestrator.record import store_template
+from orchestrator.plan.config import TrackingCfg
+from orchestrator.record.store import (
+    check_artifact_root,
+    check_outlives_job,
+    check_reachable,
+    credentials_checked,
+    is_server,
+    quick_http,
+    resolve_uri,
+    store_lock,
+)
 from tasks.measure.machine import alive
 from tasks.worker.heap import imports_uncollected
 
 MAX_PARAMS, MAX_METRICS, MAX_TAG = 100, 1000, 5000  # MLflow's per-batch and per-value limits
+VARIANTS = "tags.`phasesweep.role` = 'variant'"
 
 
-def resolve_uri(cfg: TrackingCfg) -> str:
-    return cfg.uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-
-
-UI_PORT = 5000  # where `mlflow ui` serves a local store (its default port, said explicitly)
-
-
-def ui_base(uri: str) -> str | None:
-    """Where the MLflow UI of a tracking store is browsed: the server itself, or the
-    `mlflow ui` that ui_command starts on a local store; None for a store it cannot tell."""
-    if uri.startswith(("http://", "https://")):
-        return uri.rstrip("/")
-    if uri.startswith(("sqlite:", "file:", "/")) or "://" not in uri:
-        return f"http://127.0.0.1:{UI_PORT}"
-    return None
-
-
-def ui_command(uri: str, experiment_id: str | None = None) -> str:
-    """What to run (a local store) or open (a server: the runs table, when the experiment is known)."""
-    if uri.startswith(("http://", "https://")):
-        return f"open {ui_links(uri, experiment_id).get('runs', uri)}"
-    return f"mlflow ui --backend-store-uri {uri} --port {UI_PORT}"
-
-
-RUNS_ORDER = "orderByKey=metrics.%60latency_ms_median%60&orderByAsc=true"  # fastest first, flat
-
-
-def ui_links(uri: str, experiment_id: str | None, run_id: str | None = None) -> dict[str, str]:
-    """Direct links into MLflow 3.17's UI that skip the experiment's GenAI overview (where a
-    fresh browser lands otherwise): "runs", the experiment's runs table (route
-    /experiments/:experimentId/runs), sorted by median latency: sorted by anything but the
-    start time the table lists child runs flat rather than folded under their sweep's run;
-    and "run", the sweep's run (/experiments/:experimentId/runs/:runUuid). Empty when the
-    store's UI is unknown."""
-    base = ui_base(uri)
-    if base is None or not experiment_id:
-        return {}
-    links = {"runs": f"{base}/#/experiments/{experiment_id}/runs?{RUNS_ORDER}"}
-    if run_id:
-        links["run"] = f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
-    return links
-
-
-def ui_lines(uri: str, experiment_id: str | None, run_id: str | None = None) -> list[str]:
-    """The lines the sweep prints with ui_links (a local store: once `mlflow ui` runs)."""
-    links = ui_links(uri, experiment_id, run_id)
-    if not links:
-        return []
-    lines = []
-    if not uri.startswith(("http://", "https://")):
-        lines.append(f"MLflow UI, once `{ui_command(uri)}` runs:")
-    else:
-        lines.append("MLflow UI:")
-    if "run" in links:
-        lines.append(f"  this sweep's run:  {links['run']}")
-    lines.append(f"  all runs (table):  {links['runs']}")
-    return lines
-
-
-REACH_TIMEOUT_S = 10.0
-
-
-def check_reachable(uri: str) -> None:
-    """A tracking server must answer within seconds: a clear error naming the address,
-    rather than MLflow's minutes of retries and a traceback."""
-    if not uri.startswith(("http://", "https://")):
-        return
-    import urllib.error
-    import urllib.request
-
-    try:
-        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REACH_TIMEOUT_S).read()
-    except urllib.error.HTTPError as e:
-        if e.code in (401, 403):
-            return  # it answers; credentials are MLflow's business (MLFLOW_TRACKING_USERNAME/PASSWORD)
-        raise ConfigError(f"tracking.uri={uri!r}: the server answered {e.code} on /health") from None
-    except (OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        raise ConfigError(
-            f"tracking.uri={uri!r} cannot be reached ({reason}); is the server running "
-            "(scripts/mlflow_server.sh) and the address right?"
-        ) from None
-
-
-def refused(uri: str, status: int) -> str:
-    """One line for a server that turned the sweep's credentials away (basic auth: 401, a
-    wrong or missing password; 403, a user without permission on the experiment)."""
-    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
-    if status == 401:
-        who = f"user {user!r}" if user and os.environ.get("MLFLOW_TRACKING_PASSWORD") else "no credentials"
-        return (
-            f"tracking.uri={uri!r} refused {who} (401 not authenticated): set MLFLOW_TRACKING_USERNAME "
-            "and MLFLOW_TRACKING_PASSWORD to an account of that server (scripts/mlflow_server.sh keeps "
-            "the admin's in its credentials file)"
-        )
-    return (
-        f"tracking.uri={uri!r} refused user {user!r} (403 permission denied): it needs EDIT on "
-        "the experiment (tracking.experiment); ask the server's admin"
-    )
-
-
-@contextmanager
-def credentials_checked(uri: str) -> Iterator[None]:
-    """A server's refusal of the sweep's credentials (401/403) inside becomes refused()'s
-    ConfigError: one line, before any work; any other MLflow error passes unchanged."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        yield
-    except MlflowException as e:
-        status = e.get_http_status_code()
-        if status not in (401, 403):
-            raise
-        raise ConfigError(refused(uri, status)) from None
-
-
-RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in the driver of a submitted job (ray job submit)
-
-
-def check_outlives_job(cfg: TrackingCfg) -> None:
-    """A sweep submitted as a Ray job runs in a working directory Ray deletes after the job:
-    a store inside it (the default sqlite file and artifact folder) would lose every run.
-    Such a sweep must record to a tracking server, or to a store outside that directory."""
-    if RAY_JOB_ENV not in os.environ:
-        return
-    uri = resolve_uri(cfg)
-    if uri.startswith(("http://", "https://")):
-        return  # a server keeps runs and artifacts itself
-    job_dir = Path.cwd().resolve()
-    stores = {}  # key -> (as given, the folder or file it names), the runs' store first
-    for scheme in ("sqlite:///", "file://", ""):
-        if uri.startswith(scheme) and (scheme or "://" not in uri):
-            stores["tracking.uri"] = (cfg.uri, uri.removeprefix(scheme))
-            break
-    stores["tracking.artifact_root"] = (cfg.artifact_root, cfg.artifact_root or job_dir / "mlartifacts")
-    for key, (given, where) in stores.items():
-        path = Path(where).expanduser().resolve()
-        if path == job_dir or job_dir in path.parents:
-            said = f"{key}={given!r}" if given else f"{key} unset"
-            raise ConfigError(
-                f"{said} would keep this submitted sweep's runs in {path}, inside the Ray job's working "
-                "directory, which Ray deletes after the job; record to a tracking server (tracking=server "
-                "tracking.uri=http://HOST:5000, see scripts/mlflow_server.sh) or give a store outside it"
-            )
-
-
-def check_artifact_root(cfg: TrackingCfg) -> Path | None:
-    """The local folder new experiments keep artifacts in must be writable."""
-    if resolve_uri(cfg).startswith(("http://", "https://")):
-        return None
-    root = Path(cfg.artifact_root or Path.cwd() / "mlartifacts").expanduser().resolve()
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".phasesweep-probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"tracking.artifact_root={str(root)!r} is not a writable folder ({e.strerror or e})") from None
-    return root
-
-
-@contextmanager
-def _store_lock(uri: str) -> Iterator[None]:
-    """Sweeps started at once on one new sqlite store would each run MLflow's schema
-    migrations ("table ... already exists") and create the same experiment: one at a time,
-    under an exclusive lock on `<store>.lock` beside it."""
-    if not uri.startswith("sqlite:///"):
-        yield
-        return
-    import fcntl
-
-    lock = Path(uri.removeprefix("sqlite:///") + ".lock")
-    try:
-        f = lock.open("a")
-    except OSError:  # a folder that does not exist: MLflow's own error says so
-        yield
-        return
-    with f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
+def search_all(client: Any, experiment_id: str, filter_string: str) -> list[Any]:
+    """Every run of the experiment matching the filter, all pages."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string, max_results=5000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
 
 
 def existing_runs(cfg: TrackingCfg) -> dict[str, list[str]]:
-    """bench key -> the status tags of the variant runs the tracking store already holds
-    with it, oldest first; read only: a store or an experiment that does not exist yet is
-    not created (a local sqlite file that does not exist is not even opened, nor MLflow
-    imported). A server that cannot be reached is a ConfigError, as for a sweep."""
+    """bench key -> the statuses of the variant runs the store holds with it, oldest first.
+    Read only: a store or experiment not there yet is not made (a sqlite file not there is not
+    even opened, nor MLflow imported); a server that cannot be reached is a ConfigError."""
     uri = resolve_uri(cfg)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         return {}
     check_reachable(uri)
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    quick_http()
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
@@ -226,16 +61,7 @@ def existing_runs(cfg: TrackingCfg) -> dict[str, list[str]]:
     if exp is None:
         return {}
     found: dict[str, list[str]] = {}
-    runs, token = [], None
-    while True:
-        page = client.search_runs(
-            [exp.experiment_id], "tags.`phasesweep.role` = 'variant'", max_results=5000, page_token=token
-        )
-        runs.extend(page)
-        token = page.token
-        if not token:
-            break
-    for run in sorted(runs, key=lambda r: r.info.start_time):
+    for run in sorted(search_all(client, exp.experiment_id, VARIANTS), key=lambda r: r.info.start_time):
         key = run.data.tags.get("bench_key")
         if key:
             ok = run.data.tags.get("status") == "ok" and run.info.status == "FINISHED"
@@ -244,18 +70,13 @@ def existing_runs(cfg: TrackingCfg) -> dict[str, list[str]]:
 
 
 class Tracker:
-    """The sweep's tracking store. Its checks (a store that outlives a submitted job, a server
-    that answers, an artifact root it may write) run when it is made; the connection itself
-    (importing MLflow, 1.5 s, and opening the store: 0.7 s for a new one copied from
-    orchestrator/record/store_template.py's template, 2.2 s while MLflow makes the first) runs in a thread of
-    its own when `background` is set and the store is local, beside a local Ray's start, and
-    `client` and `experiment_id` wait for it (raising what it raised)."""
+    """The sweep's tracking store. Its checks run when it is made. With `background` and a local
+    store, the connection (MLflow's import, opening or making the store: seconds) runs in a
+    thread beside Ray's start; `client` and `experiment_id` wait for it and raise what it raised."""
 
     def __init__(self, cfg: TrackingCfg, background: bool = False):
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # seconds, not minutes, when a server goes away
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-        # not MLflow's "View run/experiment at" line on every ended run: stdout is the sweep's,
-        # and the experiment's link lands on the GenAI overview (ui_lines prints the right ones)
+        quick_http()
+        # no "View run at" line from MLflow on every ended run: stdout is the sweep's (links.ui_lines)
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         check_outlives_job(cfg)
         self.uri = resolve_uri(cfg)
@@ -265,9 +86,8 @@ class Tracker:
         self._experiment_id: str | None = None
         self._error: BaseException | None = None
         self._connecting: threading.Thread | None = None
-        # a server's refusal of the credentials is a config error, said before any work: only
-        # a local store (sqlite, a folder) is opened in the background
-        if background and not self.uri.startswith(("http://", "https://")):
+        # a server is opened now: a refusal of the credentials is said before any work
+        if background and not is_server(self.uri):
             self._connecting = threading.Thread(target=self._connect, args=(cfg, root), name="tracker-connect", daemon=True)
             self._connecting.start()
         else:
@@ -276,12 +96,12 @@ class Tracker:
 
     def _connect(self, cfg: TrackingCfg, root: Path | None) -> None:
         try:
-            with imports_uncollected():  # MLflow's import and a new store's migrations make objects to keep (tasks/worker/heap.py)
-                import mlflow.tracking  # noqa: F401 - before the store's lock: a sweep waiting on it never waits on our import
+            with imports_uncollected():  # MLflow's import and a new store's migrations make objects to keep
+                from mlflow.tracking import MlflowClient  # before the lock: none waits on our import
 
-                with _store_lock(self.uri), credentials_checked(self.uri):  # a new store is made (or copied) now
+                with store_lock(self.uri), credentials_checked(self.uri):
                     # each call whole: a Ctrl-C waits for the write in flight (orchestrator.common.signals)
-                    self._client = Deferring(store_template.client(self.uri))
+                    self._client = Deferring(MlflowClient(tracking_uri=self.uri))
                     self._experiment_id = self._experiment(cfg.experiment, root)
         except BaseException as e:  # noqa: BLE001 - raised where the connection is first used
             self._error = e
@@ -307,9 +127,8 @@ class Tracker:
         return self.connected()._experiment_id
 
     def _experiment(self, name: str, root: Path | None) -> str:
-        """The experiment's id, created when new. Sweeps started at once on a server (the
-        lock covers sqlite only) race to create it: those that lose take the winner's (3 of
-        32 such sweeps failed with RESOURCE_ALREADY_EXISTS before)."""
+        """The experiment's id, created when new; sweeps racing to create it on a server (the
+        lock covers sqlite only) take the winner's."""
         from mlflow.exceptions import MlflowException
 
         exp = self._client.get_experiment_by_name(name)
@@ -324,19 +143,12 @@ class Tracker:
 
     # -- what earlier sweeps left ---------------------------------------------------------
     def search(self, filter_string: str) -> list[Any]:
-        """Every run of the experiment matching the filter, all pages."""
-        runs, token = [], None
-        while True:
-            page = self.client.search_runs([self.experiment_id], filter_string, max_results=5000, page_token=token)
-            runs.extend(page)
-            token = page.token
-            if not token:
-                return runs
+        return search_all(self.client, self.experiment_id, filter_string)
 
     def finished_ok(self) -> dict[str, Any]:
         """bench key -> the latest variant run that ended ok with it."""
         found: dict[str, Any] = {}
-        runs = self.search("tags.`phasesweep.role` = 'variant' and tags.status = 'ok' and attributes.status = 'FINISHED'")
+        runs = self.search(f"{VARIANTS} and tags.status = 'ok' and attributes.status = 'FINISHED'")
         for run in sorted(runs, key=lambda r: r.info.start_time):
             key = run.data.tags.get("bench_key")
             if key:
@@ -426,5 +238,3 @@ class Tracker:
         self.log(run_id, tags={"status": "failed", "failure_stage": stage, "error": error})
         if traceback:
             self.log_text(run_id, traceback, "error.txt")
-
-

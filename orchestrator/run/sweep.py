@@ -26,7 +26,9 @@ from orchestrator.plan.placement import capacity_text, local_capacity
 from orchestrator.plan.planner import Plan, make_plan
 from orchestrator.plan.variant import Variant
 from orchestrator.read.summary import plan_text, summary_rows
-from orchestrator.record.tracking import Tracker, existing_runs, resolve_uri, ui_command, ui_lines
+from orchestrator.record.links import ui_command, ui_lines
+from orchestrator.record.store import resolve_uri
+from orchestrator.record.tracking import Tracker, existing_runs
 from orchestrator.run.progress import Progress
 from orchestrator.run.scheduler import Scheduler, beside
 from tasks.export import _anatomy as anatomy

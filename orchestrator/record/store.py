@@ -1,0 +1,139 @@
+"""Where a sweep's runs are kept, and the checks that it can keep them there, made before any work."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from orchestrator.plan.config import ConfigError, TrackingCfg
+
+REACH_TIMEOUT_S = 10.0
+RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in the driver of a submitted job (ray job submit)
+
+
+def resolve_uri(cfg: TrackingCfg) -> str:
+    return cfg.uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def quick_http() -> None:
+    """MLflow's HTTP client gives up in seconds, not minutes, when a server goes away."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+
+
+def check_reachable(uri: str) -> None:
+    """A tracking server must answer /health: a one-line error naming it, not MLflow's retries."""
+    if not is_server(uri):
+        return
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REACH_TIMEOUT_S).read()
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            return  # it answers; credentials are checked on the first real call (credentials_checked)
+        raise ConfigError(f"tracking.uri={uri!r}: the server answered {e.code} on /health") from None
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise ConfigError(
+            f"tracking.uri={uri!r} cannot be reached ({reason}); is the server running "
+            "(scripts/mlflow_server.sh) and the address right?"
+        ) from None
+
+
+def refused(uri: str, status: int) -> str:
+    """One line for a server that turned the credentials away: 401 wrong or missing, 403 no permission."""
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    if status == 401:
+        who = f"user {user!r}" if user and os.environ.get("MLFLOW_TRACKING_PASSWORD") else "no credentials"
+        return (
+            f"tracking.uri={uri!r} refused {who} (401 not authenticated): set MLFLOW_TRACKING_USERNAME "
+            "and MLFLOW_TRACKING_PASSWORD to an account of that server (scripts/mlflow_server.sh keeps "
+            "the admin's in its credentials file)"
+        )
+    return (
+        f"tracking.uri={uri!r} refused user {user!r} (403 permission denied): it needs EDIT on "
+        "the experiment (tracking.experiment); ask the server's admin"
+    )
+
+
+@contextmanager
+def credentials_checked(uri: str) -> Iterator[None]:
+    """A 401/403 from MLflow inside becomes refused()'s ConfigError; other errors pass unchanged."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as e:
+        status = e.get_http_status_code()
+        if status not in (401, 403):
+            raise
+        raise ConfigError(refused(uri, status)) from None
+
+
+def check_outlives_job(cfg: TrackingCfg) -> None:
+    """A sweep submitted as a Ray job runs in a folder Ray deletes after the job: its store
+    (the sqlite file, the artifact folder) must be a server or lie outside that folder."""
+    if RAY_JOB_ENV not in os.environ:
+        return
+    uri = resolve_uri(cfg)
+    if is_server(uri):
+        return
+    job_dir = Path.cwd().resolve()
+    stores = {}  # key -> (as given, the folder or file it names)
+    for scheme in ("sqlite:///", "file://", ""):
+        if uri.startswith(scheme) and (scheme or "://" not in uri):
+            stores["tracking.uri"] = (cfg.uri, uri.removeprefix(scheme))
+            break
+    stores["tracking.artifact_root"] = (cfg.artifact_root, cfg.artifact_root or job_dir / "mlartifacts")
+    for key, (given, where) in stores.items():
+        path = Path(where).expanduser().resolve()
+        if path == job_dir or job_dir in path.parents:
+            said = f"{key}={given!r}" if given else f"{key} unset"
+            raise ConfigError(
+                f"{said} would keep this submitted sweep's runs in {path}, inside the Ray job's working "
+                "directory, which Ray deletes after the job; record to a tracking server (tracking=server "
+                "tracking.uri=http://HOST:5000, see scripts/mlflow_server.sh) or give a store outside it"
+            )
+
+
+def check_artifact_root(cfg: TrackingCfg) -> Path | None:
+    """The local folder new experiments keep artifacts in, checked writable; None for a server."""
+    if is_server(resolve_uri(cfg)):
+        return None
+    root = Path(cfg.artifact_root or Path.cwd() / "mlartifacts").expanduser().resolve()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".phasesweep-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"tracking.artifact_root={str(root)!r} is not a writable folder ({e.strerror or e})") from None
+    return root
+
+
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """One sweep at a time opens a sqlite store (an exclusive lock on `<store>.lock`): sweeps
+    started at once on a new one would each run MLflow's schema migrations and fail."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    lock = Path(uri.removeprefix("sqlite:///") + ".lock")
+    try:
+        f = lock.open("a")
+    except OSError:  # a folder that does not exist: MLflow's own error says so
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
