@@ -137,3 +137,25 @@ def test_ray_loopback_replaces_the_resolver_ray_start_calls(monkeypatch):
     monkeypatch.setattr(loopback, "pinned_ray", lambda: "0.0.1")
     with pytest.raises(SystemExit, match=r"^scripts/ray_loopback.py: needs Ray 0.0.1 \(pyproject.toml\)"):
         loopback.resolver()
+
+
+def test_a_shared_ray_head_that_fails_to_start_is_started_again(tmp_path, monkeypatch):
+    """scripts/concurrency.py's SharedRay, with a stand-in for `ray start` whose first start
+    fails as Ray's does when its raylet misses the 30 s: started again, then ended whole."""
+    spec = importlib.util.spec_from_file_location("concurrency", ROOT / "scripts" / "concurrency.py")
+    concurrency = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(concurrency)
+    fake = tmp_path / "ray"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [ ! -e {tmp_path}/failed ]; then touch {tmp_path}/failed; echo "The current node timed out"; exit 1; fi\n'
+        'echo "Ray runtime started."; exec sleep 600\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(concurrency.SharedRay, "ray", fake)
+    head = concurrency.SharedRay(tmp_path, timeout_s=30)
+    try:
+        assert head.log.read_text().count("The current node timed out") == 1 and head.proc.poll() is None
+    finally:
+        left = head.close()
+    assert left == [] and head.proc.returncode is not None
