@@ -47,8 +47,8 @@ def import_ray_on_loopback() -> Any:
 
 
 def imported_ray_switches() -> tuple[Any, Any]:
-    """Ray's private holders of LOCAL_ENV's switches (tests/test_scheduler.py checks them on
-    every Ray): ray_constants.ENABLE_RAY_CLUSTER and the C++ config's initialize."""
+    """Ray's private holders of LOCAL_ENV's switches (tests/test_ray_session.py checks them on
+    the installed Ray): ray_constants.ENABLE_RAY_CLUSTER and the C++ config's initialize."""
     try:
         from ray._private import ray_constants
         from ray._raylet import Config
@@ -130,7 +130,8 @@ def start_local(init: Callable[[str], Any], attempts: int = LOCAL_START_ATTEMPTS
     """init(folder), a local Ray's start in a temp folder of its own; when it fails, every
     process of that folder is ended (reaper.Session) and it starts again, up to `attempts`."""
     since = reaper.start_time(os.getpid()) or 0
-    for attempt in range(1, attempts + 1):
+    attempt = 1
+    while True:
         folder = temp_folder()
         try:
             return init(folder)
@@ -138,12 +139,12 @@ def start_local(init: Callable[[str], Any], attempts: int = LOCAL_START_ATTEMPTS
             ended = reaper.reap(reaper.Session(folder, since))
             if attempt == attempts:
                 raise
+            attempt += 1
             first = (str(e).strip().splitlines() or [""])[0][:200]
             log.warning(
                 "the local Ray did not start (%s: %s); ended the %d process(es) it had started, starting it again "
-                "(%d of %d)", type(e).__name__, first, len(ended), attempt + 1, attempts,
+                "(%d of %d)", type(e).__name__, first, len(ended), attempt, attempts,
             )
-    raise AssertionError("unreachable")
 
 
 def temp_folder() -> str:
