@@ -154,19 +154,10 @@ class SharedRay:
         port = _free_port()
         self.temp = Path(tempfile.mkdtemp(prefix="psw-ray-", dir="/tmp"))  # short: Ray's socket paths
         self.address = f"127.0.0.1:{port}"
-        args = [
-            "--head",
-            "--block",
-            "--node-ip-address=127.0.0.1",
-            f"--port={port}",
-            f"--ray-client-server-port={_free_port()}",
-            f"--dashboard-agent-listen-port={_free_port()}",
-            "--include-dashboard=false",
-            f"--temp-dir={self.temp}",
-            f"--num-cpus={os.cpu_count()}",
-            '--resources={"phasesweep_bench": 1}',
-            "--disable-usage-stats",
-        ]
+        args = ["--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", f"--temp-dir={self.temp}"]
+        args += [f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}"]
+        args += ["--include-dashboard=false", f"--num-cpus={os.cpu_count()}", '--resources={"phasesweep_bench": 1}']
+        args.append("--disable-usage-stats")
         offset = self.log.stat().st_size
         with open(self.log, "a") as out:
             self.proc = subprocess.Popen(

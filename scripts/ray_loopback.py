@@ -1,10 +1,8 @@
-"""`ray start` for a worker node on the machine of a head at 127.0.0.1 (scripts/cluster.sh):
-the node and everything it starts stay on 127.0.0.1.
+"""`ray start` for a worker node beside a head at 127.0.0.1 (scripts/cluster.sh), on 127.0.0.1.
 
-Ray refuses a worker node while RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (what keeps a local Ray on
-loopback) and, with it on, resolves 127.0.0.1 to the routable address, where the head does not
-listen. No public switch keeps 127.0.0.1, so Ray's resolver is replaced: on the pinned Ray only.
-"""
+Ray refuses a worker node while RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 and, with it on, resolves
+127.0.0.1 to the routable address, where the head does not listen. No public switch keeps
+127.0.0.1, so Ray's resolver is replaced: on the pinned Ray only."""
 
 import os
 import re

@@ -64,7 +64,7 @@ class ForkServerHost:
         if first is not None:
             first.wait()
 
-    def ready(self) -> bool:
+    def ready(self) -> bool:  # awaited: the export server is ready
         return True
 
 
@@ -136,10 +136,8 @@ class ForkServers:
             except Exception as e:  # noqa: BLE001 - its node's tasks spawn their processes instead
                 log.warning("a fork server did not start (%s); that node's tasks spawn their processes", root_cause(e)[0])
         if late:
-            log.warning(
-                "%d node(s)' fork servers not ready after %gs; their tasks wait for them, or spawn where none started",
-                len(late), FORK_SERVER_START_S,
-            )
+            why = "their tasks wait for them, or spawn where none started"
+            log.warning("%d node(s)' fork servers not ready after %gs; %s", len(late), FORK_SERVER_START_S, why)
 
     def stop(self) -> None:
         """End the driver's servers (their children, tasks' processes, end with them) and remove

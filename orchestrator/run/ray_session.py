@@ -141,10 +141,8 @@ def start_local(init: Callable[[str], Any], attempts: int = LOCAL_START_ATTEMPTS
                 raise
             attempt += 1
             first = (str(e).strip().splitlines() or [""])[0][:200]
-            log.warning(
-                "the local Ray did not start (%s: %s); ended the %d process(es) it had started, starting it again "
-                "(%d of %d)", type(e).__name__, first, len(ended), attempt, attempts,
-            )
+            again = f"ended the {len(ended)} process(es) it had started, starting it again ({attempt} of {attempts})"
+            log.warning("the local Ray did not start (%s: %s); %s", type(e).__name__, first, again)
 
 
 def temp_folder() -> str:

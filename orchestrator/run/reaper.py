@@ -70,19 +70,14 @@ class Session:
             return False
         for fd in fds:
             try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(self.dirs):
+                    return True
             except OSError:
                 continue
-            if target.startswith(self.dirs):
-                return True
         return False
 
     def live(self) -> set[int]:
-        found = set()
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and self.holds(int(entry)):
-                found.add(int(entry))
-        return found
+        return {int(entry) for entry in os.listdir("/proc") if entry.isdigit() and self.holds(int(entry))}
 
     def signal(self, pid: int, sig: int) -> bool:
         """Send `sig` to `pid` if it still is of the session (checked through a pidfd)."""

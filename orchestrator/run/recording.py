@@ -21,10 +21,9 @@ from tasks.specs import BenchResult, ExportResult
 
 
 def git_commit() -> str:
+    here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent
-        )
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=here)
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -41,19 +40,11 @@ def axes(v: Variant) -> dict[str, str]:
 
 def log_export(tracker: Tracker, run_id: str, result: ExportResult, tags: dict[str, Any]) -> None:
     """An export's figures on a variant's run; what is inside the artifact, when known."""
-    tracker.log(
-        run_id,
-        metrics={
-            "export_seconds": result.export_seconds,
-            "artifact_mb": result.artifact_mb,
-            **(anatomy.headline(result.anatomy) if result.anatomy else {}),
-        },
-        params={
-            **{f"shape.{n}": s for n, s in result.input_shapes.items()},
-            **{f"export.{k}": v for k, v in result.details.items()},
-        },
-        tags={"export_cache_hit": result.cache_hit, "export_dir": result.out_dir, **tags},  # on the node that made it
-    )
+    headline = anatomy.headline(result.anatomy) if result.anatomy else {}
+    metrics = {"export_seconds": result.export_seconds, "artifact_mb": result.artifact_mb, **headline}
+    params = {f"shape.{n}": s for n, s in result.input_shapes.items()} | {f"export.{k}": v for k, v in result.details.items()}
+    tags = {"export_cache_hit": result.cache_hit, "export_dir": result.out_dir, **tags}  # on the node that made it
+    tracker.log(run_id, metrics=metrics, params=params, tags=tags)
     if result.anatomy:
         tracker.log_dict(run_id, result.anatomy, anatomy.ARTIFACT)
         tracker.log_table(run_id, anatomy.rows(result.anatomy), anatomy.TABLE)
@@ -77,12 +68,8 @@ def log_model(
 
 def log_bench(tracker: Tracker, name: str, run_id: str, result: BenchResult) -> None:
     """A variant's pooled benchmark: figures, parity, every latency sample."""
-    tracker.log(
-        run_id,
-        metrics=result.metrics,
-        params={f"runtime.{k}": v for k, v in result.params.items()},
-        tags={f"env.{k}": v for k, v in result.env.items()},
-    )
+    params, tags = {f"runtime.{k}": v for k, v in result.params.items()}, {f"env.{k}": v for k, v in result.env.items()}
+    tracker.log(run_id, metrics=result.metrics, params=params, tags=tags)
     if result.parity:
         tracker.log_dict(run_id, result.parity, "parity.json")
     if result.samples_ns:

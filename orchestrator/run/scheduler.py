@@ -10,6 +10,7 @@ import logging
 import random
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -189,8 +190,6 @@ class Scheduler:
         packed = self.payloads.get(planned)
         if packed is None:
             return Path(made)
-        import tempfile
-
         import ray
 
         from tasks.worker.transfer import localise
@@ -231,14 +230,11 @@ class Scheduler:
             if left == 0:
                 self.payloads.pop(task.spec.export_dir, None)
 
-    def _in_use(self, pool: str) -> int:
-        return sum(1 for t in self.running.values() if t.request.pool == pool)
-
     def _fits(self, task: _Task) -> bool:
         """Its pool has room, and the CPUs running tasks hold leave enough for it (a CPU
         benchmark holds its whole node: an export queued meanwhile waits here, unstarted,
         rather than in Ray with its clock running)."""
-        if self._in_use(task.request.pool) >= self.capacity.limits[task.request.pool]:
+        if sum(1 for t in self.running.values() if t.request.pool == task.request.pool) >= self.capacity.limits[task.request.pool]:
             return False
         held = sum(t.request.options.get("num_cpus", 1) for t in self.running.values())
         return held + task.request.options.get("num_cpus", 1) <= max(self.capacity.total_cpus, 1)

@@ -39,12 +39,8 @@ HEARTBEAT_TIMEOUT_S = 600.0  # a run whose driver (on another host) was silent t
 
 
 def run_sweep(
-    configs: Sequence[DictConfig],
-    overrides: list[list[str]],
-    out_dir: Path,
-    command: str,
-    dry_run: bool = False,
-    grid: dict[str, Any] | None = None,
+    configs: Sequence[DictConfig], overrides: list[list[str]], out_dir: Path, command: str,
+    dry_run: bool = False, grid: dict[str, Any] | None = None,
 ) -> dict[int, Any]:
     """Validate every config and the grid's rules, plan the grid on the cluster, run the
     exports and benchmarks, record them; returns each Hydra job's outcome by job index. Bad
@@ -85,7 +81,7 @@ def run_sweep(
                 for kind, key, result in sched.results():
                     if kind in ("export", "bench"):
                         progress.returned(kind, key)  # before `running`: it no longer lists the task
-                    progress.running(_running(sched))
+                    progress.running([(t.kind, t.key) for t in getattr(sched, "running", {}).values()])
                     if kind == "tick":
                         run.heartbeat()
                         progress.tick()
@@ -107,11 +103,6 @@ def run_sweep(
     for line in links:
         say(line)
     return run.by_job()
-
-
-def _running(sched: Scheduler) -> list[tuple[str, str]]:
-    """(kind, key) of the tasks the scheduler has handed Ray (none for a scheduler that does not say)."""
-    return [(t.kind, t.key) for t in getattr(sched, "running", {}).values()]
 
 
 class SweepRun:
@@ -141,25 +132,14 @@ class SweepRun:
         self.commit = recording.git_commit()
         self.close_orphans()
         earlier = self.tracker.finished_ok() if self.plan.point.tracking.resume else {}
+        plan = self.plan
+        params = {"command": command, "variants": len(plan.variants), "skipped": len(plan.skipped)}
+        params |= {"exports": len(plan.exports), "bench_order_seed": self.sched.seed}
+        if plan.excluded:
+            params["excluded"] = sum(len(e.jobs) for e in plan.excluded)
+        tags = {"git_commit": self.commit, "host": platform.node(), "out_dir": str(self.out_dir), **self.driver}
         stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        self.parent = self.tracker.start_sweep(
-            f"sweep_{stamp}",
-            params={
-                "command": command,
-                "variants": len(self.plan.variants),
-                "skipped": len(self.plan.skipped),
-                "exports": len(self.plan.exports),
-                "bench_order_seed": self.sched.seed,
-                **({"excluded": sum(len(e.jobs) for e in self.plan.excluded)} if self.plan.excluded else {}),
-            },
-            tags={
-                "git_commit": self.commit,
-                "host": platform.node(),
-                "out_dir": str(self.out_dir),
-                **self.driver,
-                "driver.heartbeat": f"{time.time():.0f}",
-            },
-        )
+        self.parent = self.tracker.start_sweep(f"sweep_{stamp}", params, {**tags, "driver.heartbeat": f"{time.time():.0f}"})
         self.beat = time.monotonic()
         if self.plan.excluded:  # left out by the grid's rules: no run each, one list on the sweep's run
             rows = [{"point": e.key, "jobs": list(e.jobs), "rule": e.rule} for e in self.plan.excluded]
