@@ -5,18 +5,13 @@
 #   scripts/cluster.sh worker HEAD_IP:PORT [--cache DIR] [--num-cpus N] [--node-ip IP] [-- RAY START ARGS]
 #   scripts/cluster.sh stop                      # on any node: every Ray node of this machine
 #
-# Every worker advertises one `phasesweep_bench` slot: phasesweep runs one CPU benchmark
-# per node at a time on it, holding all the node's CPUs. The head advertises none unless
-# started with --bench: it runs the GCS, the dashboard and the drivers of submitted jobs,
-# which would share a benchmark's cores. A single-machine cluster needs --bench (the head is
-# its only node). Token auth is on (Ray 2.60): copy ~/.ray/auth_token from the head to each
-# worker and to every machine that submits jobs.
-#
-# --cache DIR is the node's own export cache (PHASESWEEP_NODE_CACHE, inherited by its
-# workers): no filesystem has to be shared; an export made on another node reaches this
-# one through Ray's object store, and is kept here for later sweeps. The drivers of
-# submitted jobs run on the head, with the head's environment: start it with the tracking
-# server's credentials in it (set -a; . .mlflow_server/credentials; set +a).
+# Each worker offers one `phasesweep_bench` slot (one CPU benchmark per node at a time, on all
+# its CPUs); the head offers none unless --bench (a one-machine cluster needs it): it runs the
+# GCS, the dashboard and submitted drivers. Token auth is on: copy ~/.ray/auth_token from the
+# head to each worker and submitting machine. --cache DIR: the node's own export cache
+# (PHASESWEEP_NODE_CACHE); exports reach other nodes through Ray's object store. Submitted
+# drivers run on the head with its environment: start it with the tracking server's
+# credentials in it (set -a; . .mlflow_server/credentials; set +a).
 set -euo pipefail
 export RAY_AUTH_MODE=token RAY_USAGE_STATS_ENABLED=0
 BENCH='{"phasesweep_bench": 1}'
@@ -53,10 +48,8 @@ case "$cmd" in
     [ -n "$head" ] || { echo "$usage" >&2; exit 2; }
     ray=(ray) own=()
     if [ "$ip" = 127.0.0.1 ]; then
-      # a worker on the machine of a head at 127.0.0.1 (a one-machine cluster, for testing):
-      # `ray start` that keeps every address on loopback (scripts/ray_loopback.py), and a temp
-      # folder of its own (nodes sharing the head's would unpack each job's working directory
-      # over the one its driver runs in)
+      # beside a head at 127.0.0.1: every address kept on loopback (scripts/ray_loopback.py), and a temp
+      # folder of its own (sharing the head's, it would unpack a job's working directory over its driver's)
       ray=("${PYTHON:-python}" "$(dirname "$0")/ray_loopback.py")
       [[ " ${extra[*]} " == *" --temp-dir"* ]] || own=(--temp-dir="$(mktemp -d /tmp/ray-node-XXXXXX)")
     fi

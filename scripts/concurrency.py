@@ -6,19 +6,14 @@
     # MLFLOW_TRACKING_PASSWORD in the environment), all on one Ray started once:
     python scripts/concurrency.py --sweeps 32 --uri http://127.0.0.1:5000 --shared-ray
 
-Each sweep is `python sweep.py -m` of the test-only `spin` backend (tests/spin_backend/:
-eager plus a busy-wait of `spin_us`), `tracking.resume=false` so that every sweep measures
-every variant; all start together, each in a folder and session of its own, each with its
-own local Ray, all writing to `<workdir>/mlflow.db` and sharing `<workdir>/export_cache`
-(the store and the cache are new unless --workdir holds them: the sweeps create them, the
-experiment included, at the same time).
+Each sweep is `python sweep.py -m` of the test-only `spin` backend (tests/spin_backend/),
+`tracking.resume=false` so that every sweep measures every variant; all start together, each
+in a folder and session of its own, with its own local Ray, all writing to
+`<workdir>/mlflow.db` and sharing `<workdir>/export_cache` (new unless --workdir holds them).
 
-With --uri the sweeps record to that tracking server instead, in an experiment of their own
-(`concurrency-<time>`), and only that experiment is counted. With --shared-ray they join one
-Ray head started once for them (`ray start --head --block` on 127.0.0.1, token auth, one
-`phasesweep_bench` slot, in a session of its own, ended afterwards) through
-`cluster.address=`, instead of each starting a local Ray: 32 local Rays do not fit in 2
-cores and 24 GiB.
+--uri: the sweeps record to that tracking server, in an experiment of their own
+(`concurrency-<time>`), and only that experiment is counted. --shared-ray: they join one Ray
+head started for them (SharedRay) through `cluster.address=`, instead of a local Ray each.
 
 Afterwards it counts what MLflow holds against what each sweep should have written: one
 sweep run (FINISHED, with its summary.txt, summary.json, latency.png) and one variant run per
@@ -42,6 +37,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.run.ray_session import LOCAL_ENV, LOCAL_START_ATTEMPTS  # noqa: E402
+
 SPIN = ROOT / "tests" / "spin_backend"
 # a few calls per variant: what is under test is the recording, not the measurement
 FAST = [
@@ -110,8 +109,6 @@ def start(cwd: Path, args: list[str], env: dict[str, str] | None = None) -> subp
 
 # -- one Ray for all the sweeps ----------------------------------------------------------------
 
-RAY_ENV = {"RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -134,44 +131,48 @@ def _in_session(sid: int) -> list[int]:
 
 
 class SharedRay:
-    """A Ray head on 127.0.0.1 for the sweeps to join (`address`): `ray start --head --block`
-    in a session of its own, with its own temp folder and ports, so no other Ray on the
-    machine is touched; `close()` ends that session (never `ray stop`, which ends every Ray
-    of the user)."""
+    """A Ray head on 127.0.0.1 for the sweeps to join (`address`): `ray start --head --block` in
+    a session, temp folder and ports of its own, so no other Ray on the machine is touched;
+    started again, clean, when a start fails (as the driver's local Ray is); `close()` ends
+    that session (never `ray stop`, which ends every Ray of the user)."""
 
-    def __init__(self, workdir: Path, timeout_s: float = 120):
+    ray = Path(sys.executable).with_name("ray")
+
+    def __init__(self, workdir: Path, timeout_s: float = 120, attempts: int = LOCAL_START_ATTEMPTS):
+        self.log = workdir / "ray_head.txt"
+        self.log.write_text("")
+        for attempt in range(1, attempts + 1):
+            if self._start(timeout_s):
+                return
+            self.close()
+            if attempt == attempts:
+                raise RuntimeError(f"the shared Ray head did not start in {attempts} attempts (see {self.log})")
+            print(f"the shared Ray head did not start; starting it again ({attempt + 1} of {attempts})", file=sys.stderr)
+
+    def _start(self, timeout_s: float) -> bool:
+        """One start; whether the head said it is up within `timeout_s`."""
         port = _free_port()
         self.temp = Path(tempfile.mkdtemp(prefix="psw-ray-", dir="/tmp"))  # short: Ray's socket paths
-        self.log = workdir / "ray_head.txt"
         self.address = f"127.0.0.1:{port}"
-        args = [
-            "--head",
-            "--block",
-            "--node-ip-address=127.0.0.1",
-            f"--port={port}",
-            f"--ray-client-server-port={_free_port()}",
-            f"--dashboard-agent-listen-port={_free_port()}",
-            "--include-dashboard=false",
-            f"--temp-dir={self.temp}",
-            f"--num-cpus={os.cpu_count()}",
-            '--resources={"phasesweep_bench": 1}',
-            "--disable-usage-stats",
-        ]
-        ray = Path(sys.executable).with_name("ray")
-        with open(self.log, "w") as out:
+        args = ["--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", f"--temp-dir={self.temp}"]
+        args += [f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}"]
+        args += ["--include-dashboard=false", f"--num-cpus={os.cpu_count()}", '--resources={"phasesweep_bench": 1}']
+        args.append("--disable-usage-stats")
+        offset = self.log.stat().st_size
+        with open(self.log, "a") as out:
             self.proc = subprocess.Popen(
-                [str(ray), "start", *args],
-                env={**_env(), **RAY_ENV},
+                [str(self.ray), "start", *args],
+                env={**_env(), **LOCAL_ENV},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         deadline = time.monotonic() + timeout_s
-        while "Ray runtime started" not in self.log.read_text():
+        while "Ray runtime started" not in self.log.read_text()[offset:]:
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError(f"the shared Ray head did not start (see {self.log})")
+                return False
             time.sleep(0.5)
+        return True
 
     def close(self, grace_s: float = 30) -> list[int]:
         """End the head's session; the pids still there after `grace_s` (then killed)."""
@@ -267,7 +268,7 @@ def run(
     experiment = f"concurrency-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}" if uri else None
     extra = list(extra or [])
     ray = SharedRay(workdir) if shared_ray else None
-    env = RAY_ENV if ray else None
+    env = LOCAL_ENV if ray else None
     try:
         if ray:
             extra.append(f"cluster.address={ray.address}")

@@ -9,15 +9,10 @@
 # filesystem has to be shared: exports travel through Ray's object store, and each node
 # keeps them in its own cache (scripts/cluster.sh --cache DIR).
 #
-# Each submission's working directory holds a file of its own (.phasesweep_submission.*,
-# removed when the submission ends): Ray names a working directory's package by its
-# content and skips the upload when the cluster holds that name already, but it deletes a
-# finished job's package shortly after the job, so a second submission of an unchanged
-# folder could skip the upload and then find its package gone ("Failed to download
-# runtime_env file package ... from the GCS", Ray issue 46625; seen here when the same
-# folder was submitted again seconds after a job ended). A package of its own is always
-# uploaded. (The file is not in .gitignore: Ray leaves what .gitignore lists out of the
-# package.)
+# Each submission packages a file of its own (.phasesweep_submission.*, removed when it ends):
+# Ray skips uploading a package whose content it holds, but deletes a finished job's package
+# soon after (Ray issue 46625), so an unchanged folder could find its package gone. The file
+# is not in .gitignore: Ray leaves what .gitignore lists out of the package.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 DASHBOARD_URL [sweep.py arguments...]" >&2; exit 2; }
 address="$1"; shift

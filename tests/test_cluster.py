@@ -54,7 +54,7 @@ def _where():
 def three_nodes():
     """Two CPU nodes with a bench slot each and a GPU node (its GPU declared, not real)."""
     from orchestrator.plan.placement import BENCH_RESOURCE
-    from orchestrator.run.scheduler import LOCAL_ENV
+    from orchestrator.run.ray_session import LOCAL_ENV
 
     for key, value in LOCAL_ENV.items():
         os.environ.setdefault(key, value)

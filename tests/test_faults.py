@@ -66,7 +66,7 @@ def bench_worker(bench_pid: int) -> int:
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                if cmdline(int(proc.name)).startswith("ray::_bench_entry") and os.getsid(int(proc.name)) == session:
+                if cmdline(int(proc.name)).startswith("ray::bench_entry") and os.getsid(int(proc.name)) == session:
                     workers.append(int(proc.name))
             except (OSError, ProcessLookupError):
                 pass

@@ -1,11 +1,11 @@
 """orchestrator/run/reaper.py, the watchdog of a local Ray session, on a fake session (no Ray).
 
-A fake driver starts sleeping processes the way a Ray session has them (one Ray lists, one whose
-command line names the session directory, one with a Ray title and its output in the session's
-logs, one that ignores SIGTERM) and processes that are not of the session (another session's,
-whose directory name starts with this one's; a process that only holds a file there), starts the
-watchdog, and is killed with SIGKILL: the session's processes must go, the others stay. Waits
-are on pidfds (the event of a process's end), each bounded; no fixed sleep.
+A fake driver starts sleeping processes the way a Ray session has them (one whose command line
+names the session directory, one with a Ray title and its output in the session's logs, one that
+ignores SIGTERM) and processes that are not of the session (another session's, whose directory
+name starts with this one's; a process that only holds a file there; a child that names neither),
+starts the watchdog, and is killed with SIGKILL: the session's processes must go, the others
+stay. Waits are on pidfds (the event of a process's end), each bounded; no fixed sleep.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ def ready(p):
 
 if mode == "kill":
     ours = {
-        "listed": subprocess.Popen(["sleep", "600"]),
         "named": python(f"--log_dir={session}/logs"),
         "agent": titled("ray::FakeAgent", f"{session}/logs/agent.out"),
         "stubborn": python(f"--session-dir={session}", "stubborn"),
@@ -56,17 +55,18 @@ if mode == "kill":
         "other_named": python(f"--log_dir={other}/logs"),
         "other_agent": titled("ray::FakeAgent", f"{other}/logs/agent.out"),
         "reader": python(stdout=open(f"{session}/logs/raylet.out", "w")),  # not Ray's: a tail -f, say
+        "unnamed": subprocess.Popen(["sleep", "600"]),  # the driver's, not of the session
     }
     deadline = time.monotonic() + 60  # until each is what it is meant to be: a title set, SIGTERM ignored
     while not all(map(ready, [ours["agent"], theirs["other_agent"], ours["stubborn"]])) and time.monotonic() < deadline:
         time.sleep(0.01)
-    dog = reaper.watch(session, [ours["listed"].pid], grace_s=grace)
+    dog = reaper.watch(session, grace_s=grace)
     pids = {name: p.pid for name, p in {**ours, **theirs}.items()}
     print(json.dumps({"ours": list(ours), "pids": pids, "watchdog": dog.proc.pid}), flush=True)
     sys.stdin.read()  # until killed
 else:  # a normal shutdown: the driver ends its session's processes, then closes the watchdog
     named = python(f"--log_dir={session}/logs")
-    dog = reaper.watch(session, [named.pid], grace_s=grace)
+    dog = reaper.watch(session, grace_s=grace)
     named.kill()
     named.wait()
     dog.close()

@@ -1,22 +1,12 @@
-"""Where a running sweep stands: how many variants are queued, exporting, benchmarking,
-done, failed or skipped, how long it has run and when it will end.
+"""Where a running sweep stands: variants queued, exporting, benchmarking, done, failed or
+skipped, how long it has run and when it will end; nothing of Ray or MLflow.
 
-`Progress` counts and estimates; it knows nothing of Ray or MLflow. The driver tells it what
-the scheduler is running (`running`), which task returned (`returned`) and which variant
-ended, with the line that says so (`ended`); `tick` is called about every second.
-
-Two ways of showing it:
-- plain (stdout is not a terminal: CI, `ray job submit` logs, a test's subprocess): each
-  ended variant's line, and a line `progress: 3/8 done, 1 failed, ... eta 1:10` every
-  `every_s` seconds or every `every_events` ended variants, and once at the end;
-- live (a terminal): the same ended lines scroll above a rich status line kept at the
-  bottom, refreshed on every tick; only the final progress line is printed as a line.
-Every printed line goes through `emit` (orchestrator.read.report.say: the "phasesweep" logger,
-so Hydra's job log gets it); the live status line is drawn on the terminal only, never logged.
-
-The ETA learns from the tasks already finished: each kind's (export, benchmark process)
-mean duration so far, times the tasks of that kind still to run (less what the running ones
-have already run), divided by how many of that kind were seen running at once.
+The driver tells it what runs (`running`), which task returned (`returned`) and which variant
+ended, with its line (`ended`); `tick` about every second. Shown plain when stdout is not a
+terminal (each ended line and a `progress:` line now and then, through `emit`, so Hydra's job
+log gets them), or live on a terminal (the same lines above a status line, never logged).
+The ETA: each kind's mean task duration so far, times the tasks of that kind left (less what
+the running ones have run), divided by how many of that kind were seen running at once.
 """
 
 from __future__ import annotations

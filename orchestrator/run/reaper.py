@@ -1,26 +1,14 @@
 """A watchdog that ends what a dead driver's local Ray leaves behind (stdlib only).
 
-On Linux, the local Ray a driver starts (gcs_server, raylet, dashboard, monitor, log_monitor)
-dies with it (PR_SET_PDEATHSIG), and Ray workers die with the raylet. Its two agents do not,
-quite: the raylet starts the dashboard agent and the runtime-env agent; when it dies they see
-the pipe from it close, but before they exit they report the raylet's death to the GCS, which
-died too, and wait out that call's 60 s timeout (ray/_private/process_watcher.py:
-report_raylet_error_logs -> publish_error_to_driver(..., 60)). A driver killed with SIGKILL
-left them running for a minute after it.
+Ray's own processes die with the driver (PR_SET_PDEATHSIG), but the raylet's two agents
+report its death to the dead GCS first and wait out a 60 s timeout. So the driver starts this
+watchdog (`watch`) in a session of its own, with a pipe on its stdin: at EOF (the driver
+exited, however) it ends every live process of that Ray session, SIGTERM then SIGKILL.
 
-So when the driver starts a local Ray it starts this too (`watch`): a process of its own
-session (a kill of the driver's process group does not take it first), with a pipe from the
-driver on its stdin. When the pipe reaches EOF (the driver exited, whatever ended it) it ends
-every live process of that Ray session: SIGTERM, SIGKILL after GRACE_S, then exits. It does
-the same after a normal shutdown, when there is nothing left to end: it exits at once.
-
-A process is of the session, and only then touched, when it started after the driver and
-  - it is one the driver listed (Ray's Node: gcs_server, raylet, ...) with the same start time, or
-  - its command line names the session's directory (/tmp/ray/session_<date>_<driver pid>), or
-  - it carries a Ray title (ray::DashboardAgent, ray::IDLE, ray-dashboard-...; Ray overwrites
-    its command line) and holds a file open in the session's directory (its logs).
-Other Ray sessions on the machine name other directories: they are never touched. Each signal
-goes through a pidfd opened before the process is checked again, so a reused pid is not hit.
+A process is of the session, and only then touched, when it started after the driver and its
+command line names the session's folder, or it carries a Ray title (ray::..., Ray overwrites
+its command line) and holds a file open in that folder. Signals go through a pidfd opened
+before the process is checked again, so a reused pid is not hit.
 """
 
 from __future__ import annotations
@@ -55,21 +43,18 @@ def start_time(pid: int) -> int | None:
 class Session:
     """Which processes belong to one Ray session (see the module's docstring)."""
 
-    def __init__(self, session_dir: str, since: int, listed: dict[int, int], spare: Iterable[int] = ()):
+    def __init__(self, session_dir: str, since: int, spare: Iterable[int] = ()):
         dirs = {os.path.abspath(session_dir), os.path.realpath(session_dir)}
         self.dirs = tuple(d + "/" for d in dirs)
         # the directory's name, not a longer one that starts with it (session_..._123 vs _1234)
         self.named = re.compile("|".join(re.escape(d) for d in dirs) + r"(?![\w.-])")
         self.since = since
-        self.listed = listed
         self.spare = {os.getpid(), *spare}  # this watchdog (its command line names the directory), the driver
 
     def holds(self, pid: int) -> bool:
         started = start_time(pid)
         if started is None or started < self.since or pid in self.spare:
             return False
-        if self.listed.get(pid) == started:
-            return True
         try:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
@@ -85,19 +70,14 @@ class Session:
             return False
         for fd in fds:
             try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(self.dirs):
+                    return True
             except OSError:
                 continue
-            if target.startswith(self.dirs):
-                return True
         return False
 
     def live(self) -> set[int]:
-        found = set()
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and self.holds(int(entry)):
-                found.add(int(entry))
-        return found
+        return {int(entry) for entry in os.listdir("/proc") if entry.isdigit() and self.holds(int(entry))}
 
     def signal(self, pid: int, sig: int) -> bool:
         """Send `sig` to `pid` if it still is of the session (checked through a pidfd)."""
@@ -164,15 +144,13 @@ class Watchdog:
             pass
 
 
-def watch(session_dir: str, pids: Iterable[int], grace_s: float = GRACE_S) -> Watchdog:
-    """Start the watchdog of the Ray session in `session_dir`, which this process started;
-    `pids`: its processes Ray lists (checked by start time, so a reused pid is not taken)."""
-    listed = [f"{pid}:{t}" for pid in pids if (t := start_time(pid)) is not None]
+def watch(session_dir: str, grace_s: float = GRACE_S) -> Watchdog:
+    """Start the watchdog of the Ray session in `session_dir`, which this process started."""
     since = start_time(os.getpid()) or 0  # every process of the session started after this one
     # -I -S: the standard library only, neither this folder's modules nor site-packages
     command = [sys.executable, "-I", "-S", str(Path(__file__).resolve()), f"--grace={grace_s}", session_dir, str(since)]
     proc = subprocess.Popen(
-        [*command, *listed],
+        command,
         stdin=subprocess.PIPE,  # its write end is ours alone (not inherited: O_CLOEXEC)
         stdout=subprocess.DEVNULL,  # never the driver's pipes: a reader of those would wait for it
         stderr=subprocess.DEVNULL,
@@ -186,12 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="End a Ray session's processes once stdin reaches EOF.")
     parser.add_argument("session_dir")
     parser.add_argument("since", type=int, help="the driver's start time, /proc/<pid>/stat field 22")
-    parser.add_argument("listed", nargs="*", help="pid:start_time of the processes Ray lists")
     parser.add_argument("--grace", type=float, default=GRACE_S, help="seconds from SIGTERM to SIGKILL")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver's Ctrl-C is the driver's
-    listed = dict(tuple(map(int, p.split(":"))) for p in args.listed)
-    session = Session(args.session_dir, args.since, listed, spare=[os.getppid()])
+    session = Session(args.session_dir, args.since, spare=[os.getppid()])
     while sys.stdin.buffer.read(65536):  # nothing is ever written: this waits for EOF
         pass
     done = reap(session, args.grace)

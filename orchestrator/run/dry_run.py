@@ -1,0 +1,69 @@
+"""The plan's printout: its first lines for every sweep, and the whole plan for a dry run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from omegaconf import DictConfig
+
+from orchestrator.common.console import say
+from orchestrator.plan.capture import wants_capture
+from orchestrator.plan.grid import GridRules
+from orchestrator.plan.placement import capacity_text, local_capacity
+from orchestrator.plan.planner import Plan, make_plan
+from orchestrator.read.summary import plan_text
+from orchestrator.record.store import resolve_uri
+from orchestrator.record.tracking import existing_runs
+from orchestrator.run.scheduler import Scheduler
+
+
+def say_plan(plan: Plan) -> None:
+    """The plan's first lines: its counts, each skipped combination, what the rules left out."""
+    excluded = f", {sum(len(e.jobs) for e in plan.excluded)} excluded" if plan.excluded else ""
+    say(f"phasesweep: {len(plan.variants)} variant(s), {len(plan.exports)} export(s), {len(plan.skipped)} skipped{excluded}")
+    for s in plan.skipped:
+        say(f"  skipped   {s.name}: {s.reason}")
+    if plan.excluded:
+        by_rule: dict[str, int] = {}
+        for e in plan.excluded:
+            by_rule[e.rule] = by_rule.get(e.rule, 0) + len(e.jobs)
+        for rule, n in by_rule.items():
+            say(f"  excluded  {n} job(s): {rule}")
+
+
+def dry_run_plan(
+    points: list[Any], configs: Sequence[DictConfig], overrides: list[list[str]], rules: GridRules
+) -> Plan:
+    """The plan, printed, with how many runs the tracking store already holds for each
+    variant; nothing runs, no store is created. A local Ray is not started (the plan is made
+    for this machine as one would offer it); a cluster is joined, and left, for its capacity."""
+    cluster = points[0].cluster
+    if cluster.address is None:
+        capacity = local_capacity(cluster.num_cpus)
+        where = f"this machine as a local Ray would offer it (not started): {capacity_text(capacity)}"
+    else:
+        with Scheduler(cluster) as sched:
+            capacity = sched.capacity
+        where = f"the Ray cluster at {cluster.address}: {capacity_text(capacity)}"
+    plan = make_plan(points, configs, overrides, capacity, rules)
+    say_plan(plan)
+    say(f"dry run: planned for {where}")
+    standing = sum(1 for pv in plan.variants if wants_capture(pv.variant.phase))
+    if standing:
+        say(
+            f"dry run: {standing} variant(s) read 'captured': each stands for the calls its phase.app makes, up to "
+            "phase.capture.max_variants of each kind; a dry run does not run the application"
+        )
+    tracking = plan.point.tracking
+    existing = existing_runs(tracking)
+    if existing:
+        keys = [pv.variant.bench_key for pv in plan.variants]
+        held = sum(1 for k in keys if k in existing)
+        ok = sum(1 for k in keys if "ok" in existing.get(k, ()))
+        reuse = "reused (tracking.resume)" if tracking.resume else "measured again (tracking.resume=false)"
+        say(f"dry run: {held} variant(s) have runs in {resolve_uri(tracking)} already; {ok} ended ok and would be {reuse}")
+    else:
+        say(f"dry run: no runs in {resolve_uri(tracking)} yet")
+    say(plan_text(plan, existing, resume=tracking.resume))
+    return plan

@@ -1,0 +1,206 @@
+"""The driver's Ray: start a local one on loopback (again, clean, when a start fails) or join a
+cluster; end it. Only public Ray switches, but one guarded fallback for a Ray imported early."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from orchestrator.plan.config import ClusterCfg, ConfigError
+from orchestrator.plan.placement import BENCH_RESOURCE, Capacity
+from orchestrator.run import reaper
+
+log = logging.getLogger("phasesweep")
+
+# A local Ray's environment, read by Ray at import: its node IP stays on loopback (with
+# _node_ip_address alone Ray resolves 127.0.0.1 to the routable IP), token auth, no usage stats
+LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+LOCAL_START_ATTEMPTS = 3  # a raylet on a busy machine can miss Ray's fixed 30 s to register
+START_LOCK = "phasesweep-ray-start.lock"  # in the temp folder: one local start at a time per machine
+REACH_TIMEOUT_S = 10.0
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SOCKET_PATH_MAX = 107  # AF_UNIX; Ray's sockets lie under <temp folder>/session_<date>_<pid>/sockets/
+RAY_SOCKET_TAIL = len("/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store")
+
+
+def import_ray_on_loopback() -> Any:
+    """ray, imported with LOCAL_ENV (values the user set win)."""
+    for key, value in LOCAL_ENV.items():
+        os.environ.setdefault(key, value)
+    already = "ray" in sys.modules
+    import ray
+
+    if already:  # imported before LOCAL_ENV was set (a notebook's): its switches are set directly
+        ray_constants, config = imported_ray_switches()
+        ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] not in ("0", "false")
+        config.initialize("")  # re-reads RAY_AUTH_MODE, which the GCS this driver starts inherits
+    return ray
+
+
+def imported_ray_switches() -> tuple[Any, Any]:
+    """Ray's private holders of LOCAL_ENV's switches (tests/test_ray_session.py checks them on
+    the installed Ray): ray_constants.ENABLE_RAY_CLUSTER and the C++ config's initialize."""
+    try:
+        from ray._private import ray_constants
+        from ray._raylet import Config
+
+        if hasattr(ray_constants, "ENABLE_RAY_CLUSTER") and callable(getattr(Config, "initialize", None)):
+            return ray_constants, Config
+    except ImportError:
+        pass
+    env = " ".join(f"{k}={v}" for k, v in LOCAL_ENV.items())
+    raise RuntimeError(f"ray was imported before phasesweep could set {env}: set them before ray is imported")
+
+
+def check_reachable(address: str) -> None:
+    """A cluster address must answer within seconds (ray.init would wait for minutes): the
+    head's GCS port for host:port and ray://host:port, the address this machine's running
+    cluster recorded for "auto"."""
+    import socket
+
+    where = address
+    if address == "auto":
+        where = os.environ.get("RAY_ADDRESS", "")
+        current = Path("/tmp/ray/ray_current_cluster")
+        if not where and current.is_file():
+            where = current.read_text().strip()
+        if not where:
+            raise ConfigError(
+                "cluster.address='auto' found no running Ray cluster on this machine (no RAY_ADDRESS, no "
+                "/tmp/ray/ray_current_cluster); start one (scripts/cluster.sh head --bench) or give host:port"
+            )
+    host, _, port = where.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=REACH_TIMEOUT_S).close()
+    except (OSError, ValueError) as e:
+        found = f" (found {where})" if where != address else ""
+        raise ConfigError(
+            f"cluster.address={address!r}{found} cannot be reached: {getattr(e, 'strerror', None) or e}; "
+            "is the head running (scripts/cluster.sh head) and the address right?"
+        ) from None
+
+
+def start(cluster: ClusterCfg, cap: Capacity) -> reaper.Watchdog | None:
+    """Start a local Ray offering `cap` (cluster.address unset) or join the cluster. Returns the
+    local Ray's watchdog, which ends what of it outlives the driver (orchestrator/run/reaper.py)."""
+    import ray
+
+    sigterm = signal.getsignal(signal.SIGTERM)
+    common = {"log_to_driver": False, "logging_level": "warning", "configure_logging": True}
+    try:
+        if cluster.address is not None:
+            check_reachable(cluster.address)
+            ray.init(address=cluster.address, **common)
+            return None
+
+        def init(folder: str) -> Any:
+            return ray.init(
+                address="local",  # a Ray of its own, even beside a cluster started on this machine
+                num_cpus=cap.cpus,  # what the plan was made on, exactly
+                num_gpus=cap.gpus,
+                resources={BENCH_RESOURCE: 1},
+                include_dashboard=cluster.dashboard,
+                dashboard_host="127.0.0.1",
+                # ray.init's documented hidden options: the "memory" resource, the node's IP, its temp folder
+                _memory=cap.memory,
+                _node_ip_address="127.0.0.1",
+                _temp_dir=folder,
+                **common,
+            )
+
+        with one_start_at_a_time():
+            context = start_local(init)
+        return reaper.watch(context.address_info["session_dir"])
+    finally:
+        # ray.init replaces SIGTERM's handler (sys.exit, and a C++ one that aborts): the driver's goes back
+        if callable(sigterm):
+            restore_handlers({signal.SIGTERM: sigterm})
+
+
+def start_local(init: Callable[[str], Any], attempts: int = LOCAL_START_ATTEMPTS) -> Any:
+    """init(folder), a local Ray's start in a temp folder of its own; when it fails, every
+    process of that folder is ended (reaper.Session) and it starts again, up to `attempts`."""
+    since = reaper.start_time(os.getpid()) or 0
+    attempt = 1
+    while True:
+        folder = temp_folder()
+        try:
+            return init(folder)
+        except Exception as e:
+            ended = reaper.reap(reaper.Session(folder, since))
+            if attempt == attempts:
+                raise
+            attempt += 1
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            again = f"ended the {len(ended)} process(es) it had started, starting it again ({attempt} of {attempts})"
+            log.warning("the local Ray did not start (%s: %s); %s", type(e).__name__, first, again)
+
+
+def temp_folder() -> str:
+    """A new folder for a local Ray's files (its sessions, logs, sockets), in a per-user folder
+    of the machine's temp folder, or of /tmp where that is too long for Ray's socket paths."""
+    for base in (tempfile.gettempdir(), "/tmp"):
+        root = Path(base) / f"phasesweep-ray-{os.getuid()}"
+        if len(str(root)) + len("/12345678") + RAY_SOCKET_TAIL <= SOCKET_PATH_MAX:
+            break
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return tempfile.mkdtemp(dir=root)
+
+
+@contextmanager
+def one_start_at_a_time() -> Iterator[None]:
+    """Local Rays started at once on one machine start one at a time (each start's raylet has a
+    fixed 30 s to register): an exclusive lock on a file in the temp folder, freed if the driver dies."""
+    import fcntl
+
+    try:
+        f = (Path(tempfile.gettempdir()) / START_LOCK).open("a")
+    except OSError:  # no lock to be had: start unlocked
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def shutdown(watchdog: reaper.Watchdog | None) -> None:
+    """ray.shutdown(), the driver's signal handlers kept (Ray resets SIGTERM's OS action); then
+    the watchdog ends whatever of a local Ray is left, and exits."""
+    ray = sys.modules.get("ray")
+    try:
+        if ray is not None and ray.is_initialized():
+            handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+            try:
+                ray.shutdown()
+            finally:
+                restore_handlers(handlers)
+    finally:
+        if watchdog is not None:
+            watchdog.close()
+
+
+def root_cause(e: BaseException) -> tuple[str, str]:
+    """(one line naming the root cause, the full text) of a Ray error: a task's own
+    exception rather than Ray's coloured worker header."""
+    cause = getattr(e, "cause", None) or e
+    text = ANSI.sub("", str(cause)).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    first = lines[-1] if cause is not e and lines else (lines[0] if lines else "")
+    return f"{type(cause).__name__}: {first}"[:500], ANSI.sub("", str(e))
+
+
+def restore_handlers(handlers: dict[int, Any]) -> None:
+    """Install Python's handlers again, so the OS's actions match them (main thread only)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)

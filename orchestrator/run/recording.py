@@ -1,0 +1,120 @@
+"""What a sweep writes to the tracking store beyond run states: an export's and a benchmark's
+figures and artifacts, the model, and the sweep's summary, plots and note."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator.common.console import table
+from orchestrator.common.outcome import Outcome
+from orchestrator.plan.planner import Plan
+from orchestrator.plan.variant import Variant
+from orchestrator.record.tracking import Tracker
+from tasks.export import _anatomy as anatomy
+from tasks.phases import label
+from tasks.specs import BenchResult, ExportResult
+
+
+def git_commit() -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=here)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def config_yaml(cfg: DictConfig) -> str:
+    cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def axes(v: Variant) -> dict[str, str]:
+    return {"model": v.model.name, "phase": label(v.phase), "backend": v.backend.name, "device": v.device.name}
+
+
+def log_export(tracker: Tracker, run_id: str, result: ExportResult, tags: dict[str, Any]) -> None:
+    """An export's figures on a variant's run; what is inside the artifact, when known."""
+    headline = anatomy.headline(result.anatomy) if result.anatomy else {}
+    metrics = {"export_seconds": result.export_seconds, "artifact_mb": result.artifact_mb, **headline}
+    params = {f"shape.{n}": s for n, s in result.input_shapes.items()} | {f"export.{k}": v for k, v in result.details.items()}
+    tags = {"export_cache_hit": result.cache_hit, "export_dir": result.out_dir, **tags}  # on the node that made it
+    tracker.log(run_id, metrics=metrics, params=params, tags=tags)
+    if result.anatomy:
+        tracker.log_dict(run_id, result.anatomy, anatomy.ARTIFACT)
+        tracker.log_table(run_id, anatomy.rows(result.anatomy), anatomy.TABLE)
+
+
+def log_model(
+    tracker: Tracker, parent: str, export: ExportResult, planned: str, folder: Callable[[], Path], limit: float | None
+) -> dict[str, str]:
+    """The exported model (and its external weights, from `folder()` on this machine), stored once
+    on the sweep's run under exports/<entry>/; returns the tags telling each variant where it is,
+    or, larger than tracking.max_model_mb, where it stayed."""
+    if limit is not None and export.artifact_mb > limit:
+        why = f"{export.artifact_mb:.0f} MB > tracking.max_model_mb={limit:g}; the model is in {export.out_dir}"
+        return {"model_not_logged": why}
+    name = Path(export.artifact).name
+    where = f"exports/{Path(planned).name}"
+    for f in sorted(folder().glob(name + "*")):  # model.onnx, model.onnx.data
+        tracker.artifact(parent, f, where)
+    return {"model_artifact": f"{tracker.artifact_uri(parent)}/{where}/{name}"}
+
+
+def log_bench(tracker: Tracker, name: str, run_id: str, result: BenchResult) -> None:
+    """A variant's pooled benchmark: figures, parity, every latency sample."""
+    params, tags = {f"runtime.{k}": v for k, v in result.params.items()}, {f"env.{k}": v for k, v in result.env.items()}
+    tracker.log(run_id, metrics=result.metrics, params=params, tags=tags)
+    if result.parity:
+        tracker.log_dict(run_id, result.parity, "parity.json")
+    if result.samples_ns:
+        samples = {"variant": name, "unit": "ns", "first_call_ns": result.first_call_ns, "samples": result.samples_ns}
+        tracker.log_dict(run_id, samples, "latency_samples.json", indent=None)
+
+
+def log_profile(tracker: Tracker, o: Outcome, rows: list[dict[str, Any]], out_dir: Path) -> None:
+    """bench.profile's top ops, as a table and a chart."""
+    from orchestrator.read.plots import profile_plot
+    from tasks.measure.profiles import CHART, TABLE
+
+    tracker.log_table(o.run_id, rows, TABLE)
+    folder = out_dir / "profiles" / o.name
+    folder.mkdir(parents=True, exist_ok=True)
+    if profile_plot(rows, o.name, folder / CHART):
+        tracker.artifact(o.run_id, folder / CHART)
+
+
+def log_summary(tracker: Tracker, parent: str, plan: Plan, outcomes: dict[str, Outcome], rows: list[dict], out_dir: Path) -> str:
+    """The sweep's summary (text, JSON, an MLflow table and the run's note) and plots; returns the text."""
+    from orchestrator.read.plots import make_plots, plot_rows
+    from orchestrator.read.summary import sweep_note
+
+    text = table(rows)
+    if plan.captures:  # the captured phases' benchmarks beside the application's own loop
+        phases = {pv.name: pv.variant.phase for pv in plan.variants}
+        beside = plan.captures.beside(outcomes, phases)
+        if beside:
+            tracker.log_dict(parent, beside, "captures/benchmark_vs_app.json")
+            text += (
+                "\n\nCaptured phases: each benchmark's median beside the application's own loop at that call "
+                "(its eager forward there; the time from one token to the next)\n" + table(beside)
+            )
+    tracker.log_text(parent, text + "\n", "summary.txt")
+    tracker.log_dict(parent, rows, "summary.json")
+    params = {pv.name: pv.variant.params for pv in plan.variants}
+    params.update({s.name: s.variant.params for s in plan.skipped})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for plot in make_plots(plot_rows(list(outcomes.values()), params), out_dir):  # latency.png at the root
+        folder = plot.parent.relative_to(out_dir).as_posix()
+        tracker.artifact(parent, plot, None if folder == "." else folder)
+    client = getattr(tracker, "client", None)  # MLflow's own; a test's tracker has none
+    command = client.get_run(parent).data.params.get("command") if client else None
+    tracker.log(parent, tags={"mlflow.note.content": sweep_note(command, rows)})
+    if rows:
+        tracker.log_table(parent, rows, "summary_table.json")
+    return text
