@@ -15,9 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from tasks.jobs import EXPORT_SERVER, bench_server, fork_servers, in_fresh_process
+from tasks.jobs import fork_servers
 from tasks.specs import BenchResult
 from tasks.worker import forks
+from tasks.worker.forks import EXPORT_SERVER, bench_server
+from tasks.worker.fresh import in_fresh_process
 
 HERE = Path(__file__).resolve().parent
 

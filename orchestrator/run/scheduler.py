@@ -92,8 +92,8 @@ class _ForkServerHost:
     def __init__(self, servers: dict[str, tuple[str, ...]]):
         import threading
 
-        from tasks.jobs import EXPORT_SERVER
         from tasks.worker import forks
+        from tasks.worker.forks import EXPORT_SERVER
 
         starting = {role: forks.begin(_fork_folder(True, role), os.getpid(), mods) for role, mods in servers.items()}
         first = starting.pop(EXPORT_SERVER, None)
@@ -128,7 +128,8 @@ def _export_entry(spec, timeout_s, forks, ship):
     packed as the task's second return, which Ray's object store takes to any node."""
     from dataclasses import replace
 
-    from tasks.jobs import EXPORT_SERVER, export_in_fresh_process  # heavy imports happen in the worker's child
+    from tasks.jobs import export_in_fresh_process  # heavy imports happen in the worker's child
+    from tasks.worker.forks import EXPORT_SERVER
     from tasks.worker.transfer import node_entry, pack
 
     forks = _fork_folder(forks, EXPORT_SERVER)
@@ -144,8 +145,9 @@ def _bench_entry(spec, timeout_s, forks, packed=None):
     when this node's cache lacks it (no shared filesystem needed)."""
     from dataclasses import replace
 
-    from tasks.jobs import bench_in_fresh_process, bench_server  # a process of its own, whatever the worker ran
+    from tasks.jobs import bench_in_fresh_process  # a process of its own, whatever the worker ran
     from tasks.specs import BenchResult, Failure
+    from tasks.worker.forks import bench_server
     from tasks.worker.transfer import localise, node_entry
 
     spec = replace(spec, export_dir=node_entry(spec.export_dir))
@@ -475,8 +477,8 @@ class Scheduler:
         stop()); all start at once, the benchmarks' awaited behind the export server's."""
         import uuid
 
-        from tasks.jobs import EXPORT_SERVER
         from tasks.worker import forks
+        from tasks.worker.forks import EXPORT_SERVER
 
         self._forks_base = _fork_base(f"driver-{os.getpid()}", uuid.uuid4().hex)
         for role, mods in servers.items():
@@ -494,7 +496,7 @@ class Scheduler:
         no export server is needed for it."""
         if not self.own_local:
             return False
-        from tasks.jobs import MANIFEST
+        from tasks.worker.entries import MANIFEST
         from tasks.worker.transfer import node_entry
 
         return (Path(node_entry(spec.out_dir)) / MANIFEST).is_file()
@@ -620,7 +622,7 @@ class Scheduler:
         capture (key: its capture key). An export a local Ray's cache holds, complete and
         verified, is a result at once: no task (nor an export server) is needed to read it."""
         if kind == "export" and self.own_local:
-            from tasks.jobs import cached_export
+            from tasks.worker.entries import cached_export
             from tasks.worker.transfer import node_entry
 
             hit = cached_export(spec, node_entry(spec.out_dir))

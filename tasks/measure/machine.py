@@ -308,3 +308,23 @@ def watch(cores: Iterable[int]) -> Iterator[Window]:
         metrics, params = window_state(before, snapshot(window.cores), window.cores)
         window.metrics.update(metrics)
         window.params.update(params)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process since start or the last reset_peak_rss()."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def reset_peak_rss() -> bool:
+    """Linux: writing 5 to clear_refs resets VmHWM, so the next peak is the timing's own."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False

@@ -42,6 +42,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -59,6 +60,11 @@ POLL_S = 0.5
 FORKED = False  # True in a child of a fork server (a benchmark records how its process started)
 _AT_FORK: frozenset[str] | None = None  # in a forked child: the modules it was forked with
 OWN_PACKAGES = frozenset({"tasks", "orchestrator", "hydra_plugins"})
+EXPORT_SERVER = "export"  # the role of the server exports fork from; benchmarks': bench_server(runtime)
+
+
+def bench_server(runtime: str) -> str:
+    return f"bench-{runtime}"
 
 
 class ForkServerError(RuntimeError):
@@ -83,11 +89,13 @@ def imported_since_fork() -> tuple[str, ...] | None:
 
 
 def _preload(modules: Iterable[str]) -> None:
+    """A module that fails to import is named in a warning (server.log); its tasks then
+    import it themselves, and fail there if it is truly missing."""
     for name in modules:
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - an optional library missing: its tasks import (and fail) in the child
-            pass
+        except Exception as e:  # noqa: BLE001
+            warnings.warn(f"fork server preload: cannot import {name} ({type(e).__name__}: {e})", stacklevel=2)
 
 
 def _child(conn: Connection, job: bytes, listener: socket.socket, others: Iterable[Connection]) -> None:
