@@ -25,10 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Other processes' share of the bench cores' time during the timed window above which the
-# run is flagged `shared_cores`: 5%. /proc/stat counts in clock ticks (10 ms at USER_HZ=100)
-# sampled at each tick, so a short window carries a tick or two of noise per core (a 1 s
-# window on one core: about +-2%); windows under ~0.5 s per core can cross 5% on noise alone.
+# Other processes' share of the bench cores' time above which a run is flagged `shared_cores`;
+# /proc/stat counts clock ticks, so windows under ~0.5 s per core can cross it on noise alone.
 SHARED_THRESHOLD = 0.05
 
 # /proc/stat per-cpu columns counted as busy: user nice system irq softirq steal

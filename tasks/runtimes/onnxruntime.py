@@ -97,7 +97,7 @@ class OrtSession(Session):
 
     def bind(self, feeds: dict[str, np.ndarray]):
         """Inputs copied to the device once; outputs left to ONNX Runtime's allocator there
-        (binding preallocated outputs is slower: ORT then copies into them)."""
+        (preallocated outputs would make ORT copy into them)."""
         binding = self._bound(self.place(feeds))
         self._binding = binding
         session = self.session
