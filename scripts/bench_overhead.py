@@ -47,10 +47,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tasks.jobs import export_job, load_export  # noqa: E402
+from tasks.jobs import export_job  # noqa: E402
 from tasks.measure.bench import measure  # noqa: E402
 from tasks.runtimes import runtime_module  # noqa: E402
 from tasks.specs import BenchOptions, BenchSpec, ExportSpec, ModelSpec, PhaseSpec  # noqa: E402
+from tasks.worker.entries import load_export  # noqa: E402
 
 BACKENDS = ("eager", "compile", "onnxruntime", "executorch")
 FORMATS = {"eager": "none", "compile": "none", "onnxruntime": "onnx", "executorch": "executorch"}

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from tasks.export import _anatomy as anatomy
-from tasks.export._description import CACHE_LAYOUT, METHOD, from_onnx_metadata
+from tasks.export import executorch as executorch_format
+from tasks.export import onnx as onnx_format
+from tasks.export._description import CACHE_LAYOUT
 
 
 def hand_onnx(path, extra_transpose: bool = False):
@@ -56,7 +58,7 @@ def hand_onnx(path, extra_transpose: bool = False):
 
 
 def test_an_onnx_graph_counted_by_hand(tmp_path):
-    a = anatomy.onnx_anatomy(hand_onnx(tmp_path / "m.onnx"))
+    a = onnx_format.anatomy(hand_onnx(tmp_path / "m.onnx"))
     assert a["ops"] == {
         "Cast": 1,
         "Constant": 1,
@@ -83,8 +85,8 @@ def test_an_onnx_graph_counted_by_hand(tmp_path):
 
 
 def test_a_swap_that_adds_transposes_shows_up_as_a_difference(tmp_path):
-    before = anatomy.onnx_anatomy(hand_onnx(tmp_path / "a.onnx"))
-    after = anatomy.onnx_anatomy(hand_onnx(tmp_path / "b.onnx", extra_transpose=True))
+    before = onnx_format.anatomy(hand_onnx(tmp_path / "a.onnx"))
+    after = onnx_format.anatomy(hand_onnx(tmp_path / "b.onnx", extra_transpose=True))
     assert anatomy.changes(before, after) == ["+2 ops", "+2 transposes", "Transpose +2"]
     assert anatomy.changes(before, before) == []
     assert anatomy.changes(after, before) == ["-2 ops", "-2 transposes", "Transpose -2"]
@@ -115,11 +117,11 @@ class PermuteAddCast:
 @pytest.mark.slow
 def test_an_executorch_graph_counted_by_hand():
     ops = {"aten.add": 1, "aten.permute_copy": 1, "dim_order_ops._to_dim_order_copy": 1}
-    portable = anatomy.executorch_anatomy(PermuteAddCast.edge(delegate=False))
+    portable = executorch_format.anatomy(PermuteAddCast.edge(delegate=False))
     assert portable["ops"] == portable["outside_delegates"] == ops and portable["partitions"] == []
     assert (portable["nodes"], portable["transposes"], portable["copies"], portable["casts"]) == (3, 1, 0, 1)
     assert portable["constant_bytes"] == 128
-    xnnpack = anatomy.executorch_anatomy(PermuteAddCast.edge(delegate=True))
+    xnnpack = executorch_format.anatomy(PermuteAddCast.edge(delegate=True))
     assert xnnpack["ops"] == ops and xnnpack["constant_bytes"] == 128  # the weight moved into the delegate
     assert xnnpack["partitions"] == [{"backend": "XnnpackBackend", "ops": {"aten.add": 1, "aten.permute_copy": 1}}]
     assert xnnpack["outside_delegates"] == {"dim_order_ops._to_dim_order_copy": 1}
@@ -147,7 +149,7 @@ def test_an_onnx_file_says_what_it_is(exported):
 
     result = exported("llama", "decode", "onnx")
     session = ort.InferenceSession(result.artifact, providers=["CPUExecutionProvider"])
-    check_description(from_onnx_metadata(session.get_modelmeta().custom_metadata_map), result, "onnx")
+    check_description(onnx_format.read_metadata(session.get_modelmeta().custom_metadata_map), result, "onnx")
     assert result.anatomy["nodes"] == result.details["onnx_nodes"]
 
 
@@ -162,7 +164,7 @@ def test_a_pte_file_says_what_it_is(exported):
         (value,) = program.load_method(name).execute([])
         return value
 
-    check_description(json.loads(get(METHOD)), result, "executorch")
+    check_description(json.loads(get(executorch_format.METHOD)), result, "executorch")
     past = result.input_shapes["past_key_values.0.key"]
     assert (get("get_max_seq_len"), get("get_max_batch_size"), get("get_n_layers")) == (past[2], past[0], 2)
     assert get("use_kv_cache") is True and get("enable_dynamic_shape") is False
@@ -201,8 +203,8 @@ def test_executorchs_permute_passes_are_an_axis_that_shows_in_anatomy_and_keeps_
 @pytest.mark.slow
 def test_onnxruntimes_optimiser_level_is_an_axis_whose_graph_is_counted(planned_variant):
     """ONNX Runtime writes the graph its optimiser made; its counts are the session's metrics."""
-    from tasks.jobs import load_export
     from tasks.runtimes import runtime_module
+    from tasks.worker.entries import load_export
 
     counts = {}
     for level in ("disable", "all"):

@@ -23,7 +23,7 @@ import torch
 from tasks.jobs import bench_job, export_job
 from tasks.model.models import build_model, model_dims
 from tasks.phases import captured, label, phase_module
-from tasks.phases._capture import distinct_calls, select
+from tasks.phases._calls import distinct_calls, select
 from tasks.specs import BenchSpec, CaptureOptions, CaptureSpec, ConfigError, ExportSpec, PhaseSpec
 from tests import capture_apps
 from tests.conftest import FAST_BENCH, ROOT, compose_jobs, model_spec

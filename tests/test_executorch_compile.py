@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tasks.jobs import bench_job
-from tests.conftest import DECODE
+from tests.conftest import DECODE, ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -92,23 +92,46 @@ def test_executorch_on_cuda_is_a_clear_error(planned_variant):
 
 @pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")  # a cold compile test before it in this process
 def test_the_export_server_makes_xnnpacks_patterns_before_it_forks_and_stays_one_thread():
-    """tasks/export/_xnnpack_patterns (in the ExecuTorch format's PRELOAD): XNNPACK's pattern
-    graphs are made, so forked exports inherit them; the process is left as a fork server must
-    be: its Python threads as before (tqdm's monitor ended), torch's thread count as before."""
+    """tasks/export/_xnnpack_patterns (in the ExecuTorch format's PRELOAD) fills XNNPACK's
+    private pattern caches, so forked exports inherit them, and leaves the process as a fork
+    server must be: its Python threads and torch's thread count as before."""
     import threading
 
     import torch
-    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
 
     from tasks.export import _xnnpack_patterns
     from tasks.export import executorch as executorch_format
 
     assert "tasks.export._xnnpack_patterns" in executorch_format.PRELOAD
-    bilinear_2d._get_bilinear_2d_graphs.cache_clear()  # made anew here, whatever ran in this process before
-    sdpa.get_graphs.cache_clear()
+    found = _xnnpack_patterns.caches()  # raises where an upgrade moved them
+    for fn in found:
+        fn.cache_clear()  # made anew here, whatever ran in this process before
     threads, torch_threads = set(threading.enumerate()), torch.get_num_threads()
-    _xnnpack_patterns.make_patterns()
-    assert bilinear_2d._get_bilinear_2d_graphs.cache_info().currsize == 1
-    assert sdpa.get_graphs.cache_info().currsize == 1
+    assert _xnnpack_patterns.make_patterns()
+    assert [fn.cache_info().currsize for fn in found] == [1, 1]
     assert set(threading.enumerate()) <= threads, set(threading.enumerate()) - threads
     assert torch.get_num_threads() == torch_threads
+
+
+
+def test_the_xnnpack_patterns_guard_warns_and_does_nothing_off_the_pin(monkeypatch):
+    from tasks.export import _xnnpack_patterns as patterns
+
+    assert f'"executorch=={patterns.PINNED}"' in (ROOT / "pyproject.toml").read_text()
+    monkeypatch.setattr(patterns.metadata, "version", lambda name: "0.0")
+    with pytest.warns(UserWarning, match="executorch 0.0 is not"):
+        assert not patterns.make_patterns()
+    monkeypatch.undo()
+    monkeypatch.setattr(patterns, "CACHES", (("sdpa", "moved_away"),))
+    with pytest.warns(UserWarning, match="moved_away"):
+        assert not patterns.make_patterns()
+
+
+def test_xnnpacks_thread_pool_is_reachable():
+    """bench.threads sets XNNPACK's pool through private pybindings: an upgrade that drops them fails here."""
+    from executorch.extension.pybindings import portable_lib
+
+    from tasks.runtimes.executorch import threadpool
+
+    assert callable(threadpool(portable_lib, "_unsafe_reset_threadpool"))
+    assert threadpool(portable_lib, "_threadpool_get_thread_count")() >= 1

@@ -11,10 +11,11 @@ import numpy as np
 import onnx
 import pytest
 
-from tasks.jobs import bench_job, load_export
-from tasks.measure.parity import host_steps
+from tasks.jobs import bench_job
+from tasks.measure.session import Session
 from tasks.phases import phase_module
 from tasks.runtimes import onnxruntime as ort_runtime
+from tasks.worker.entries import load_export
 from tests.conftest import DECODE, FAST_BENCH, PREFILL, model_spec, plan_jobs
 
 pytestmark = pytest.mark.slow
@@ -102,19 +103,26 @@ def test_decode_step_updates_only_its_slot(onnx_variant):
     assert np.abs(k0[:, :, ctx]).sum() > 0 and not k0[:, :, ctx + 1 :].any()
 
 
+class HostLoop(Session):
+    """The base session's decode loop: every present cache back through numpy and run()."""
+
+    def __init__(self, inner):
+        self.run, self.output_names = inner.run, inner.output_names
+
+
 def test_device_side_decode_loop_matches_the_host_loop(onnx_variant):
     """ORT's multi-step decode keeps the cache as OrtValues between steps; same logits as
     the plain loop that copies every present cache back through numpy."""
     session, feeds, parity = session_of(onnx_variant, "phi3", "decode")
     tokens = parity["step_tokens"]
     on_device = session.run_steps(feeds, tokens, DECODE.context_len)
-    on_host = host_steps(session, feeds, tokens, DECODE.context_len)
+    on_host = HostLoop(session).run_steps(feeds, tokens, DECODE.context_len)
     assert len(on_device) == len(on_host) == DECODE.parity_steps
     for a, b in zip(on_device, on_host, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-class DropsCache:
+class DropsCache(Session):
     """A session that ignores the cache it is given after the first step: the known trap of
     exported decode graphs that run but silently lose their KV cache."""
 
@@ -161,29 +169,3 @@ def test_export_failure_is_recorded_with_traceback(tmp_path):
     assert "phase.prompt_len=10000" in result.failure.error and "Traceback" in result.failure.traceback
     assert not (tmp_path / "x").exists()  # no half-written cache entry
 
-
-def test_the_export_servers_torchlib_table_is_the_one_onnxscript_derives():
-    """tasks/export/_onnx_registry (in the ONNX format's PRELOAD) makes torchlib's op list once
-    in the export server: the list torch.onnx's exporter reads is the one onnxscript derives
-    (every function, its name, domain and flags), and each export still builds a registry of
-    its own from it (one export's custom op never reaches the next)."""
-    import onnxscript._framework_apis.torch_2_5 as derives
-    import onnxscript._framework_apis.torch_2_11 as apis
-    from torch.onnx._internal.exporter import _registration
-
-    from tasks.export import _onnx_registry
-    from tasks.export import onnx as onnx_format
-
-    assert "tasks.export._onnx_registry" in onnx_format.PRELOAD
-    assert apis.get_torchlib_ops is _onnx_registry.torchlib_ops
-
-    def facts(metas):
-        return [(m.qualified_name, m.function, m.domain, m.name, m.is_complex) for m in metas]
-
-    assert facts(apis.get_torchlib_ops()) == facts(derives.get_torchlib_ops())
-    assert len(_onnx_registry.TORCHLIB_OPS) > 500
-    one, two = _registration.ONNXRegistry.from_torchlib(), _registration.ONNXRegistry.from_torchlib()
-    assert one.functions.keys() == two.functions.keys()
-    target = next(iter(one.functions))
-    one.functions[target].clear()  # what registering a custom op for it does to one export's registry
-    assert two.functions[target], "two exports' registries share their tables"

@@ -15,9 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from tasks.jobs import EXPORT_SERVER, bench_server, fork_servers, in_fresh_process
+from tasks.jobs import fork_servers
 from tasks.specs import BenchResult
 from tasks.worker import forks
+from tasks.worker.forks import EXPORT_SERVER, bench_server
+from tasks.worker.fresh import in_fresh_process
 
 HERE = Path(__file__).resolve().parent
 
@@ -258,3 +260,8 @@ def test_a_server_that_goes_away_mid_job_fails_the_job_saying_so(server, tmp_pat
     assert isinstance(result, BenchResult) and not result.ok
     assert result.failure.error == "the fork server of the benchmark process ended before its result came"
     assert gone(int(marker.read_text()))
+
+
+def test_a_preload_that_fails_warns_with_its_name():
+    with pytest.warns(UserWarning, match="cannot import no_such_module_of_phasesweep"):
+        forks._preload(["json", "no_such_module_of_phasesweep"])

@@ -17,31 +17,42 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import yaml
 
 from orchestrator.plan.config import validate_all
 from orchestrator.plan.placement import Capacity
 from orchestrator.plan.planner import make_plan, unsupported
-from tasks.jobs import bench_job, load_export
+from tasks.jobs import bench_job
 from tasks.measure.parity import ATOL
+from tasks.phases import phase_names
+from tasks.runtimes import runtime_module
 from tasks.specs import PAST
-from tests.conftest import DECODE, compose_jobs
+from tasks.worker.entries import load_export
+from tests.conftest import CONF, DECODE, compose_jobs
 
 slow = pytest.mark.slow
-BACKENDS = ("eager", "compile", "onnxruntime", "executorch")
-CASES = [
-    ("eager", "float16", "prefill"),
-    ("eager", "float16", "decode"),
-    ("eager", "bfloat16", "prefill"),
-    ("eager", "bfloat16", "decode"),
-    # an ONNX export takes ~15 s, an ExecuTorch one ~30-60 s, a compile 20-60 s (on 2 busy cores):
-    # slow, and between executorch and compile one case per dtype and phase
-    pytest.param("onnxruntime", "float16", "prefill", marks=slow),
-    pytest.param("onnxruntime", "float16", "decode", marks=slow),
-    pytest.param("executorch", "bfloat16", "decode", marks=slow),
-    pytest.param("executorch", "float16", "prefill", marks=slow),
-    pytest.param("compile", "float16", "decode", marks=slow),
-]
+HALF = ("float16", "bfloat16")
+BACKENDS = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((CONF / "backend").glob("*.yaml"))}
+SYNTHETIC = [p for p in phase_names() if "app" not in yaml.safe_load((CONF / "phase" / f"{p}.yaml").read_text())]
 
+
+def runs_on_cpu(backend: str, dtype: str) -> bool:
+    return dtype in runtime_module(BACKENDS[backend]["runtime"]).DTYPES.get("cpu", ())
+
+
+def cases() -> list:
+    """Fast: every case of a backend that neither exports a file nor takes options (it runs the
+    graph as it is). Slow (an export or a compile takes tens of seconds): every other backend,
+    each half dtype it runs, one phase, alternating between backends."""
+    quick = [b for b, cfg in BACKENDS.items() if cfg["export_format"] == "none" and not cfg["options"]]
+    out: list = [(b, d, p) for b in quick for d in HALF for p in SYNTHETIC if runs_on_cpu(b, d)]
+    for i, b in enumerate(b for b in BACKENDS if b not in quick):
+        for j, d in enumerate(x for x in HALF if runs_on_cpu(b, x)):
+            out.append(pytest.param(b, d, SYNTHETIC[(i + j) % len(SYNTHETIC)], marks=slow))
+    return out
+
+
+CASES = cases()
 
 def near_ties(ref_logits: np.ndarray, per_step_diffs: list[float]) -> list[str]:
     """Positions whose reference top-1 a backend within the step's max abs diff d may flip:
@@ -100,19 +111,19 @@ def test_onnxruntime_bfloat16_on_cpu_is_unsupported():
 
 
 def test_a_half_precision_grid_plans_every_supported_combination():
-    """model.dtype=float16,bfloat16 x backend=eager,compile,onnxruntime,executorch on a CPU
-    node: 7 variants, and onnxruntime bfloat16 skipped with its reason."""
-    jobs = [[f"model.dtype={d}", f"backend={b}"] for d in ("float16", "bfloat16") for b in BACKENDS]
+    """model.dtype=float16,bfloat16 x every backend on a CPU node: a variant for every
+    combination the runtime runs on the CPU, the others skipped with their reason."""
+    jobs = [[f"model.dtype={d}", f"backend={b}"] for d in HALF for b in BACKENDS]
     configs, overrides = compose_jobs(*jobs)
     cap = Capacity(cpus=2, total_cpus=2, bench_slots=1, gpus=0, memory=8 * 2**30)
     plan = make_plan(validate_all(configs, overrides), configs, overrides, cap)
 
+    want = {(b, d) for d in HALF for b in BACKENDS if runs_on_cpu(b, d)}
     planned = {(pv.variant.backend.name, pv.variant.model.dtype) for pv in plan.variants}
-    assert len(plan.variants) == 7 and len({pv.name for pv in plan.variants}) == 7
-    assert planned == {(b, d) for d in ("float16", "bfloat16") for b in BACKENDS} - {("onnxruntime", "bfloat16")}
-    (skipped,) = plan.skipped
-    assert (skipped.variant.backend.name, skipped.variant.model.dtype) == ("onnxruntime", "bfloat16")
-    assert "model.dtype=bfloat16" in skipped.reason and "CPU provider" in skipped.reason
+    assert planned == want and len({pv.name for pv in plan.variants}) == len(want)
+    skipped = {(s.variant.backend.name, s.variant.model.dtype): s.reason for s in plan.skipped}
+    assert set(skipped) == {(b, d) for d in HALF for b in BACKENDS} - want
+    for (b, d), reason in skipped.items():
+        assert f"model.dtype={d}" in reason and getattr(runtime_module(BACKENDS[b]["runtime"]), "DTYPE_NOTE", "") in reason
     assert not [pv.name for pv in plan.variants if pv.unplaceable]
-    # each dtype's variants share an export per format: none (eager, compile), onnx, executorch
-    assert len(plan.exports) == 3 + 2
+    assert len(plan.exports) == len({(BACKENDS[b]["export_format"], d) for b, d in want})  # one per format and dtype

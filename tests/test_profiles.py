@@ -10,6 +10,8 @@ import pytest
 
 from orchestrator.plan.config import ConfigError
 from tasks.measure import profiles
+from tasks.runtimes import executorch as executorch_runtime
+from tasks.runtimes import onnxruntime as onnxruntime_runtime
 from tests.conftest import FAST_BENCH, plan_jobs
 
 
@@ -34,7 +36,7 @@ def test_onnxruntime_trace_counts_only_the_runs_after_warmup():
 
     trace = [run(0, 100), node(10, "MatMul", 90), run(200, 50), node(210, "MatMul", 30), node(240, "Add", 10)]
     trace += [run(300, 50), node(310, "MatMul", 30), node(340, "Add", 10)]
-    rows = profiles.onnxruntime_rows(trace, warmup=1)  # the first run (a slow first call) is left out
+    rows = onnxruntime_runtime.profile_rows(trace, warmup=1)  # the first run (a slow first call) is left out
     assert rows == [
         {"op": "MatMul", "per_call": 1.0, "us_per_call": 30.0, "share": 0.6},
         {"op": "Add", "per_call": 1.0, "us_per_call": 10.0, "share": 0.2},
@@ -51,8 +53,8 @@ def test_executorch_events_drop_the_wrappers_and_name_portable_and_xnnpack_ops()
         ("Fully Connected (NC, F32) GEMM #1", [40.0, 4.0, 4.0]),
         ("Fully Connected (NC, F32) GEMM #2", [1.0, 1.0, 1.0]),
     ]
-    assert profiles.executorch_op("native_call_arange.start_out") == "arange (portable)"
-    rows = profiles.executorch_rows(events, warmup=1)
+    assert executorch_runtime.op_name("native_call_arange.start_out") == "arange (portable)"
+    rows = executorch_runtime.profile_rows(events, warmup=1)
     assert rows == [
         {"op": "Fully Connected (NC, F32) GEMM (xnnpack)", "per_call": 2.0, "us_per_call": 5.0, "share": 0.5},
         {"op": "index_put (portable)", "per_call": 1.0, "us_per_call": 2.0, "share": 0.2},

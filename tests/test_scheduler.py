@@ -108,7 +108,7 @@ def test_an_export_in_a_local_cache_is_read_by_the_driver_without_a_task(schedul
     no export server to start for it."""
     import ray
 
-    from tasks.jobs import EXPORT_SERVER
+    from tasks.worker.forks import EXPORT_SERVER
     from tests.conftest import plan_jobs
 
     sched, _ = scheduler
@@ -132,7 +132,7 @@ def test_only_a_complete_verified_entry_is_a_cache_hit(planned_variant, tmp_path
     manifest missing, is not (the export task rebuilds it)."""
     import shutil
 
-    from tasks.jobs import MANIFEST, cached_export
+    from tasks.worker.entries import MANIFEST, cached_export
 
     made, _ = planned_variant("model=llama", "phase=decode")
     spec = SimpleNamespace(key=made.key)

@@ -84,3 +84,29 @@ def test_compile_recompile_inside_timed_region_fails():
         call()
         other()  # a new static shape: Dynamo compiles a second graph
     assert session.recompiles() == 1
+
+
+def test_dynamos_counters_are_where_compile_reads_them():
+    """torch._dynamo.utils.counters is private: an upgrade that moves it fails here, not silently."""
+    import warnings
+
+    from tasks.runtimes import compile as compile_runtime
+
+    compile_runtime.dynamo_counters.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert compile_runtime.dynamo_counters() is not None
+
+
+def test_without_the_counters_a_recompile_still_fails_the_timed_region(monkeypatch):
+    """The fallback: the public fail_on_recompile stance; recompiles go unreported, not zero."""
+    from tasks.runtimes import compile as compile_runtime
+
+    session = compiled_session()
+    monkeypatch.setattr(compile_runtime, "dynamo_counters", lambda: None)
+    bigger = {k: np.ones((5, 3), np.float32) for k in FEEDS}
+    call, other = session.bind(FEEDS), session.bind(bigger)
+    with pytest.raises(Exception, match="(?i)recompil"), session.timed_region():
+        call()
+        other()
+    assert session.recompiles() is None

@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from tasks.jobs import verify_entry, write_manifest
+from tasks.worker.entries import verify_entry, write_manifest
 from tasks.worker.transfer import NODE_CACHE_ENV, localise, node_entry, pack
 
 

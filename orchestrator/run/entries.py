@@ -17,7 +17,8 @@ def node_id() -> str:
 def export_entry(spec, timeout_s, forks, ship):
     """The export, into this node's own cache (tasks/worker/transfer.py); with `ship`, its entry
     packed as the task's second return, which Ray's object store takes to any node."""
-    from tasks.jobs import EXPORT_SERVER, export_in_fresh_process
+    from tasks.jobs import export_in_fresh_process
+    from tasks.worker.forks import EXPORT_SERVER
     from tasks.worker.transfer import node_entry, pack
 
     result = export_in_fresh_process(replace(spec, out_dir=node_entry(spec.out_dir)), timeout_s, fork_folder(forks, EXPORT_SERVER))
@@ -30,8 +31,9 @@ def export_entry(spec, timeout_s, forks, ship):
 def bench_entry(spec, timeout_s, forks, packed=None):
     """The benchmark on this node's copy of its export, unpacked from what the export sent
     when this node's cache lacks it (no shared filesystem needed)."""
-    from tasks.jobs import bench_in_fresh_process, bench_server
+    from tasks.jobs import bench_in_fresh_process
     from tasks.specs import BenchResult, Failure
+    from tasks.worker.forks import bench_server
     from tasks.worker.transfer import localise, node_entry
 
     spec = replace(spec, export_dir=node_entry(spec.export_dir))

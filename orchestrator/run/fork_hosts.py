@@ -55,8 +55,8 @@ class ForkServerHost:
     export server is (the first tasks are exports), the others finish starting behind it."""
 
     def __init__(self, servers: dict[str, tuple[str, ...]]):
-        from tasks.jobs import EXPORT_SERVER
         from tasks.worker import forks
+        from tasks.worker.forks import EXPORT_SERVER
 
         starting = {role: forks.begin(fork_folder(True, role), os.getpid(), mods) for role, mods in servers.items()}
         first = starting.pop(EXPORT_SERVER, None)
@@ -85,8 +85,8 @@ class ForkServers:
 
     def start_local(self, servers: dict[str, tuple[str, ...]]) -> None:
         """This driver's servers, for a local Ray (before it starts, or beside its start)."""
-        from tasks.jobs import EXPORT_SERVER
         from tasks.worker import forks
+        from tasks.worker.forks import EXPORT_SERVER
 
         self.base = fork_base(f"driver-{os.getpid()}", uuid.uuid4().hex)
         for role, mods in servers.items():

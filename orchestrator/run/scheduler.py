@@ -152,7 +152,7 @@ class Scheduler:
         no export server is needed for it."""
         if not self.own_local:
             return False
-        from tasks.jobs import MANIFEST
+        from tasks.worker.entries import MANIFEST
         from tasks.worker.transfer import node_entry
 
         return (Path(node_entry(spec.out_dir)) / MANIFEST).is_file()
@@ -211,7 +211,7 @@ class Scheduler:
         capture (key: its capture key). An export a local Ray's cache holds, complete and
         verified, is a result at once: no task (nor an export server) is needed to read it."""
         if kind == "export" and self.own_local:
-            from tasks.jobs import cached_export
+            from tasks.worker.entries import cached_export
             from tasks.worker.transfer import node_entry
 
             hit = cached_export(spec, node_entry(spec.out_dir))

@@ -9,10 +9,10 @@ driver reads its facts) and provides:
                                __post_init__ checks values and raises ConfigError
   export(graph, args, input_names, output_names, out_dir, options, description)
       -> (artifact name | None, details, anatomy | None)
-                               writes tasks.export._description's `description` into the file and
-                               returns its tasks.export._anatomy (None when there is no file)
-  PRELOAD: tuple[str, ...]     (optional) modules a node's fork server imports once for
-                               its exports (tasks/worker/forks.py)
+                               writes the description (tasks/export/_description.py) into its
+                               file and returns the file's anatomy (tasks/export/_anatomy.py)
+  MOVEMENT: dict               (with an artifact) its data-movement op names, for the anatomy
+  PRELOAD: tuple[str, ...]     (optional) modules its fork server imports once (tasks/worker/forks.py)
 """
 
 from __future__ import annotations

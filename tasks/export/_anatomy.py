@@ -1,49 +1,39 @@
-"""What is inside an exported artifact: its ops by type, the data-movement ops counted apart,
-its constant (weight) bytes, and for ExecuTorch what each delegate partition took.
-
-One dict per artifact, the same keys for every format, so two sweeps' artifacts can be set
-side by side (orchestrator.read.compare shows what changed):
+"""What is inside an exported artifact, one dict per artifact with the same keys for every
+format, so two sweeps' artifacts compare (orchestrator.read.compare). Each format walks its
+own artifact (tasks/export/<format>.py `anatomy`) and hands the counts to summary():
 
   ops            {op name: count} over the whole graph (ExecuTorch: inside delegates and out)
-  outside_delegates {op name: count}  ExecuTorch: the ops left to portable kernels ({} for ONNX)
-  partitions     [{"backend": ..., "ops": {op name: count}}]  ExecuTorch's delegate partitions
+  outside_delegates {op name: count}  ops left to portable kernels ({} without delegates)
+  partitions     [{"backend": ..., "ops": {op name: count}}]  delegate partitions
   nodes          how many ops (the sum of `ops`)
-  transposes, copies, casts   data-movement ops, by the names in KINDS below
+  transposes, copies, casts   data-movement ops, by the format's own op names
   constant_bytes weights and other constants stored with the graph
   artifact_bytes the file(s) on disk
 
-Op names: ONNX's op type ("Transpose", "com.microsoft.RotaryEmbedding" for another domain);
-ExecuTorch's edge op without its overload ("aten.permute_copy").
+Torch-free: the driver logs and compares anatomies.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-# the data-movement kinds counted apart, by op name: one table for every format
-KINDS: dict[str, frozenset[str]] = {
-    "transposes": frozenset({"Transpose", "aten.permute_copy", "aten.transpose_copy", "aten.t_copy"}),
-    "copies": frozenset(
-        {
-            "Identity",
-            "Expand",
-            "Tile",
-            "aten.clone",
-            "aten.copy",
-            "aten.expand_copy",
-            "aten.alias_copy",
-            "dim_order_ops._clone_dim_order",
-        }
-    ),
-    "casts": frozenset({"Cast", "CastLike", "aten._to_copy", "dim_order_ops._to_dim_order_copy"}),
-}
+KINDS = ("transposes", "copies", "casts")  # the data-movement kinds counted apart
 ARTIFACT = "anatomy.json"  # the whole record, on the variant's run
 TABLE = "anatomy_ops.json"  # rows(): the op histogram as an MLflow table
 
 
-def summary(ops: Counter, outside: Counter, partitions: list[dict], constant_bytes: int, artifact_bytes: int) -> dict:
+def summary(
+    ops: Counter,
+    outside: Counter,
+    partitions: list[dict],
+    constant_bytes: int,
+    artifact_bytes: int,
+    movement: dict[str, frozenset[str]] | None = None,
+) -> dict:
+    """`movement`: the format's op names of each of KINDS (its MOVEMENT); None: every
+    format's of this package (their op names do not collide)."""
+    movement = movement if movement is not None else _every_format_movement()
     out: dict[str, Any] = {
         "ops": dict(sorted(ops.items())),
         "outside_delegates": dict(sorted(outside.items())),
@@ -52,9 +42,17 @@ def summary(ops: Counter, outside: Counter, partitions: list[dict], constant_byt
         "constant_bytes": int(constant_bytes),
         "artifact_bytes": int(artifact_bytes),
     }
-    for kind, names in KINDS.items():
-        out[kind] = sum(n for op, n in ops.items() if op in names)
+    for kind in KINDS:
+        out[kind] = sum(n for op, n in ops.items() if op in movement.get(kind, ()))
     return out
+
+
+def _every_format_movement() -> dict[str, frozenset[str]]:
+    from tasks.export import format_module
+    from tasks.registry import available
+
+    tables = [getattr(format_module(name), "MOVEMENT", {}) for name in available("tasks.export")]
+    return {kind: frozenset().union(*(t.get(kind, ()) for t in tables)) for kind in KINDS}
 
 
 def headline(anatomy: dict) -> dict[str, float]:
@@ -77,91 +75,6 @@ def rows(anatomy: dict) -> list[dict[str, Any]]:
             row.update(delegated=n - outside.get(op, 0), portable=outside.get(op, 0))
         out.append(row)
     return out
-
-
-# -- ONNX ---------------------------------------------------------------------------------
-def _onnx_op(node: Any) -> str:
-    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-
-
-def _onnx_graph_ops(graph: Any, ops: Counter) -> None:
-    for node in graph.node:
-        ops[_onnx_op(node)] += 1
-        for attr in node.attribute:  # If / Loop / Scan bodies
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                _onnx_graph_ops(sub, ops)
-
-
-def _tensor_bytes(t: Any) -> int:
-    import onnx
-
-    for entry in t.external_data:
-        if entry.key == "length":
-            return int(entry.value)
-    if t.raw_data:
-        return len(t.raw_data)
-    n = 1
-    for d in t.dims:
-        n *= d
-    return n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-
-
-def onnx_anatomy(path: str | Path) -> dict:
-    """The anatomy of an .onnx file (its external data is never read)."""
-    import onnx
-
-    path = Path(path)
-    proto = onnx.load(str(path), load_external_data=False)
-    ops: Counter = Counter()
-    _onnx_graph_ops(proto.graph, ops)
-    for fn in proto.functions:  # local functions the exporter kept: their bodies are ops too
-        for node in fn.node:
-            ops[_onnx_op(node)] += 1
-    constants = sum(_tensor_bytes(t) for t in proto.graph.initializer)
-    constants += sum(
-        _tensor_bytes(a.t) for n in proto.graph.node if n.op_type == "Constant" for a in n.attribute if a.HasField("t")
-    )
-    files = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
-    return summary(ops, Counter(), [], constants, files)
-
-
-# -- ExecuTorch -----------------------------------------------------------------------------
-def _edge_op(target: Any) -> str | None:
-    """`aten.mul` for an edge or ATen op (`aten::mul.Tensor`: no overload); None for the
-    plumbing between them (getitem, the delegate call)."""
-    name = getattr(target, "_name", None)  # OpOverload / EdgeOpOverload: "aten::mul.Tensor"
-    if not isinstance(name, str) or "::" not in name:
-        return None
-    namespace, op = name.split("::", 1)
-    return f"{namespace}.{op.split('.')[0]}"
-
-
-def _tensor_total(tensors: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if hasattr(t, "element_size"))
-
-
-def executorch_anatomy(edge_program: Any) -> dict:
-    """The anatomy of a lowered edge program, taken before to_executorch (which turns its ops
-    into out-variants in place); the caller adds the .pte's artifact_bytes."""
-    gm = edge_program.graph_module
-    ops: Counter = Counter()
-    outside: Counter = Counter()
-    partitions = []
-    constants = _tensor_total(edge_program.state_dict.values()) + _tensor_total(edge_program.constants.values())
-    for node in gm.graph.nodes:
-        if node.op == "get_attr" and node.name.startswith("lowered_module_"):
-            lowered = getattr(gm, node.target)
-            inner = lowered.original_module
-            part: Counter = Counter(
-                op for n in inner.graph.nodes if n.op == "call_function" and (op := _edge_op(n.target))
-            )
-            ops.update(part)
-            constants += _tensor_total(inner.state_dict.values()) + _tensor_total(inner.constants.values())
-            partitions.append({"backend": lowered.backend_id, "ops": dict(sorted(part.items()))})
-        elif node.op == "call_function" and (op := _edge_op(node.target)):
-            ops[op] += 1
-            outside[op] += 1
-    return summary(ops, outside, partitions, constants, 0)
 
 
 def _delegated(anatomy: dict) -> dict[str, int]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.export._anatomy import summary
 from tasks.specs import choice
 
 if TYPE_CHECKING:
@@ -16,27 +19,34 @@ PRELOAD = (
     "executorch.exir",
     "executorch.backends.xnnpack.partition.xnnpack_partitioner",
     "executorch.devtools.backend_debug",
-    "tasks.export._xnnpack_patterns",  # XNNPACK's pattern graphs made once, before the fork (1.5-4 s of each export)
+    "tasks.export._xnnpack_patterns",  # XNNPACK's pattern graphs, made once before the fork
 )
-# peak RSS 18.4 GB for the Llama-3.2-1B architecture in fp32 (4.9 GB of weights): 3.7x
-MEMORY_FACTOR = 4.0
+MEMORY_FACTOR = 4.0  # an export's peak memory, as a multiple of the weights
 RESOURCES = {"num_cpus": 1}
 DELEGATES = ("xnnpack", "none")
-# graph passes the export may run on the edge program before partitioning, in the order given
-# (ExecuTorch's layout passes, executorch.backends.transforms): a sweep axis, e.g.
-# backend.export_options.passes=[],[remove_permutes_around_elementwise]
+# graph passes run on the edge program before partitioning, in the order given
+# (executorch.backends.transforms), e.g. backend.export_options.passes=[remove_permutes_around_elementwise]
 PASSES = {
     "remove_permutes_around_elementwise": "remove_permutes_around_elementwise_ops:RemovePermutesAroundElementwiseOps",
     "fuse_cascaded_permutes": "fuse_cascaded_transpose_or_permute_ops:FuseCascadedTransposeOrPermuteOps",
     "fuse_permute_pairs": "fuse_transpose_or_permute_op_pairs_pass:FuseTransposeOrPermuteOpPairsPass",
     "postpone_permutes": "postpone_permute_below_squeeze_view:PostponePermuteOpBelowSqueezeOrUnsqueezeLikeView",
 }
+# data-movement ops by edge op name, without overload (tasks/export/_anatomy.py)
+MOVEMENT = {
+    "transposes": frozenset({"aten.permute_copy", "aten.transpose_copy", "aten.t_copy"}),
+    "copies": frozenset(
+        {"aten.clone", "aten.copy", "aten.expand_copy", "aten.alias_copy", "dim_order_ops._clone_dim_order"}
+    ),
+    "casts": frozenset({"aten._to_copy", "dim_order_ops._to_dim_order_copy"}),
+}
+METHOD = "phasesweep_description"  # the .pte's constant method holding the description as JSON
 
 
 @dataclass(frozen=True)
 class Options:
     delegate: str = "xnnpack"  # xnnpack | none (portable kernels only)
-    passes: list[str] = field(default_factory=list)  # names of PASSES, run in this order; [] runs none
+    passes: list[str] = field(default_factory=list)  # names of PASSES, run in this order
 
     def __post_init__(self) -> None:
         choice("backend.export_options.delegate", self.delegate, DELEGATES)
@@ -65,29 +75,25 @@ def export(
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import to_edge_transform_and_lower
 
-    from tasks.export._anatomy import executorch_anatomy
-    from tasks.export._description import executorch_methods
     from tasks.export._shapes import dynamic_shapes
 
     opts = Options(**options)
-
     with torch.no_grad():
         program = torch.export.export(
             graph, args, dynamic_shapes=dynamic_shapes(graph, args, input_names), strict=False
         )
-        partitioners = [XnnpackPartitioner()] if opts.delegate == "xnnpack" else []
         edge = to_edge_transform_and_lower(
             program,
             transform_passes=[_pass(name) for name in opts.passes],
-            partitioner=partitioners,
-            constant_methods=executorch_methods(description),
+            partitioner=[XnnpackPartitioner()] if opts.delegate == "xnnpack" else [],
+            constant_methods=constant_methods(description),
         )
         info = get_delegation_info(edge.exported_program().graph_module)
-        anatomy = executorch_anatomy(edge.exported_program())
+        inside = anatomy(edge.exported_program())  # before to_executorch turns its ops into out-variants
         et = edge.to_executorch()
     path = out_dir / "model.pte"
     path.write_bytes(et.buffer)
-    anatomy["artifact_bytes"] = path.stat().st_size
+    inside["artifact_bytes"] = path.stat().st_size
     total = info.num_delegated_nodes + info.num_non_delegated_nodes
     return path.name, {
         "delegate": opts.delegate,
@@ -96,4 +102,58 @@ def export(
         "non_delegated_ops": info.num_non_delegated_nodes,
         "delegated_fraction": info.num_delegated_nodes / total if total else 0.0,
         "delegated_subgraphs": info.num_delegated_subgraphs,
-    }, anatomy
+    }, inside
+
+
+def constant_methods(description: dict[str, Any]) -> dict[str, Any]:
+    """The description as JSON (METHOD), and the getters ExecuTorch's Llama runner reads
+    (`get_max_seq_len`, ...) where they apply."""
+    dims, cache = description["dims"], description["kv_cache"]
+    methods: dict[str, Any] = {
+        METHOD: json.dumps(description, sort_keys=True),
+        "get_vocab_size": dims["vocab"],
+        "get_n_layers": dims["layers"],
+        "get_max_batch_size": description["phase"]["batch"],
+        "use_kv_cache": cache["capacity"] is not None,
+        "enable_dynamic_shape": cache["implementation"] == "dynamic",
+    }
+    if cache["capacity"] is not None:
+        methods["get_max_seq_len"] = cache["capacity"]
+    return methods
+
+
+# -- the anatomy of a lowered edge program (the caller adds the .pte's artifact_bytes) ------------
+def _edge_op(target: Any) -> str | None:
+    """`aten.mul` for an edge or ATen op (`aten::mul.Tensor`); None for the plumbing between
+    them (getitem, the delegate call)."""
+    name = getattr(target, "_name", None)  # OpOverload / EdgeOpOverload: "aten::mul.Tensor"
+    if not isinstance(name, str) or "::" not in name:
+        return None
+    namespace, op = name.split("::", 1)
+    return f"{namespace}.{op.split('.')[0]}"
+
+
+def _tensor_total(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if hasattr(t, "element_size"))
+
+
+def anatomy(edge_program: Any) -> dict:
+    gm = edge_program.graph_module
+    ops: Counter = Counter()
+    outside: Counter = Counter()
+    partitions = []
+    constants = _tensor_total(edge_program.state_dict.values()) + _tensor_total(edge_program.constants.values())
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.name.startswith("lowered_module_"):
+            lowered = getattr(gm, node.target)
+            inner = lowered.original_module
+            part: Counter = Counter(
+                op for n in inner.graph.nodes if n.op == "call_function" and (op := _edge_op(n.target))
+            )
+            ops.update(part)
+            constants += _tensor_total(inner.state_dict.values()) + _tensor_total(inner.constants.values())
+            partitions.append({"backend": lowered.backend_id, "ops": dict(sorted(part.items()))})
+        elif node.op == "call_function" and (op := _edge_op(node.target)):
+            ops[op] += 1
+            outside[op] += 1
+    return summary(ops, outside, partitions, constants, 0, MOVEMENT)

@@ -19,15 +19,12 @@ from tasks.specs import BenchOptions, BenchResult
 
 CONFIDENCE = 0.95  # of the median's interval, in the stopping rule and the statistics
 CHECK_GROWTH = 0.10  # the stopping rule is checked each time the sample count grew by 10%
-# The machine's own speed, probed while sampling: PROBE_CALLS timed runs of a fixed pure-Python
-# loop every PROBE_EVERY_NS of the timed window, between timed calls (never inside one), on the
-# benchmark's thread and so its cores; about 1% of the window. A virtual machine's core can run
-# at another speed for seconds (a busy SMT sibling or hypervisor neighbour shows in no counter:
-# on the development VM a bare loop flips between ~60 and ~115 us), and every latency moves
-# with it; the probe's spread says so within a run, its median between runs (orchestrator/compare).
+# The machine's own speed, probed between timed calls: PROBE_CALLS runs of a fixed Python loop
+# every PROBE_EVERY_NS. A virtual core's speed can change for seconds with no counter showing
+# it; the probe's spread says so within a run, its median between runs (orchestrator/read/compare).
 PROBE_EVERY_NS = 50_000_000
 PROBE_CALLS = 3
-PROBE_LOOP = 2_000  # iterations: ~60-120 us on a 2.5 GHz core
+PROBE_LOOP = 2_000  # iterations of the probe loop
 
 
 @dataclass

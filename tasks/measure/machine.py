@@ -25,10 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Other processes' share of the bench cores' time during the timed window above which the
-# run is flagged `shared_cores`: 5%. /proc/stat counts in clock ticks (10 ms at USER_HZ=100)
-# sampled at each tick, so a short window carries a tick or two of noise per core (a 1 s
-# window on one core: about +-2%); windows under ~0.5 s per core can cross 5% on noise alone.
+# Other processes' share of the bench cores' time above which a run is flagged `shared_cores`;
+# /proc/stat counts clock ticks, so windows under ~0.5 s per core can cross it on noise alone.
 SHARED_THRESHOLD = 0.05
 
 # /proc/stat per-cpu columns counted as busy: user nice system irq softirq steal
@@ -308,3 +306,23 @@ def watch(cores: Iterable[int]) -> Iterator[Window]:
         metrics, params = window_state(before, snapshot(window.cores), window.cores)
         window.metrics.update(metrics)
         window.params.update(params)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process since start or the last reset_peak_rss()."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def reset_peak_rss() -> bool:
+    """Linux: writing 5 to clear_refs resets VmHWM, so the next peak is the timing's own."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False

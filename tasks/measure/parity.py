@@ -1,9 +1,4 @@
-"""Exported vs eager: the comparisons every phase's parity check is built from.
-
-A decode graph that silently drops its cache still gives plausible logits on its first
-step; only running several steps, each fed the cache the previous step returned, and
-comparing every step with the reference catches it (tasks/phases/decode.py does).
-"""
+"""Exported vs eager: the comparisons every phase's parity check is built from."""
 
 from __future__ import annotations
 
@@ -11,13 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.runtimes._base import Session
-from tasks.specs import PAST
-
-# bench.parity_atol when null: the max abs logits difference allowed, by model dtype. The
-# reference is the transformers model in the same dtype; half precision differs by op
-# order and accumulation (measured on the tiny models, prefill and decode, all four
-# backends: float16 up to 5.3e-3, bfloat16 up to 4.3e-2).
+# bench.parity_atol when null, by model dtype: the reference runs in the same dtype, and half
+# precision differs from it by op order and accumulation
 ATOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 1e-1}
 
 
@@ -38,21 +28,6 @@ def compare(actual: np.ndarray, expected: np.ndarray, atol: float = 0.0) -> tupl
     picked = np.take_along_axis(expected, pick[..., None], axis=-1)[..., 0]
     within = float(np.mean(picked >= expected.max(-1) - atol))
     return diff, top1, within
-
-
-def host_steps(session: Session, feeds: dict[str, np.ndarray], tokens: np.ndarray, start: int) -> list[np.ndarray]:
-    """Consecutive decode steps through run(): each step's present cache becomes the next
-    step's past. Returns each step's logits [B, 1, V]."""
-    step_feeds = dict(feeds)
-    past_names = [n for n in feeds if n.startswith(PAST)]
-    logits_per_step = []
-    for t in range(tokens.shape[1]):
-        step_feeds["input_ids"] = np.ascontiguousarray(tokens[:, t : t + 1])
-        step_feeds["cache_position"] = np.array([start + t], dtype=np.int64)
-        logits, *present = session.run(step_feeds)
-        logits_per_step.append(logits)
-        step_feeds.update(zip(past_names, present, strict=True))  # the backend's own cache, fed back
-    return logits_per_step
 
 
 def summary(steps: list[tuple[float, float, float]], atol: float) -> dict[str, Any]:

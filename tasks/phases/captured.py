@@ -24,23 +24,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tasks.phases import decode, prefill
-from tasks.phases._capture import (
-    KINDS,
-    SELECT,
-    capture_in_fresh_process,
-    capture_job,
-    describe,
-    parse_app,
-    read_inputs,
-    summary,
-)
+from tasks.phases._calls import KINDS, SELECT, describe, parse_app, read_inputs, summary
+from tasks.phases._capture import capture_in_fresh_process, capture_job
 from tasks.phases._common import PhaseData
 from tasks.specs import CaptureOptions, ConfigError, PhaseSpec, at_least, choice
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["capture_in_fresh_process", "capture_job", "describe", "summary"]  # the capture (tasks/phases/_capture.py)
+__all__ = ["capture_in_fresh_process", "capture_job", "describe", "summary"]  # the capture, for the driver
 
 # keys that set captured variants apart in their names even though no one swept them
 NAMING_KEYS = ("phase.app", "phase.batch", "phase.prompt_len", "phase.context_len")

@@ -124,15 +124,12 @@ def build_graph(model: torch.nn.Module, phase: PhaseSpec, family: str, kv_cache:
 
 
 def check_parity(session: Any, phase: PhaseSpec, feeds: dict, parity: dict, atol: float) -> dict[str, Any]:
-    """parity_steps consecutive steps, each fed the cache the backend returned the step
-    before (on the device where the session offers run_steps), every step compared."""
-    from tasks.measure.parity import compare, host_steps, summary
+    """parity_steps consecutive steps, each fed the cache the backend returned, every step
+    compared: a graph that drops its cache passes the first step only."""
+    from tasks.measure.parity import compare, summary
 
-    tokens_ = parity["step_tokens"]  # [B, N]
     ref = parity["ref_logits"]  # [N, B, 1, V]
-    start = int(feeds["cache_position"][0])
-    run_steps = getattr(session, "run_steps", None)
-    logits = run_steps(feeds, tokens_, start) if run_steps else host_steps(session, feeds, tokens_, start)
+    logits = session.run_steps(feeds, parity["step_tokens"], int(feeds["cache_position"][0]))
     return summary([compare(step, ref[t], atol) for t, step in enumerate(logits)], atol)
 
 

@@ -1,19 +1,16 @@
 """One module per runtime (a backend's runner). A runtime for an existing export format is
-one module here plus one yaml in conf/backend/ (or any importable module named by the
-yaml's `runtime`). Each is importable without torch (the driver reads its facts) and
-provides:
+one module here (or any importable module the yaml's `runtime` names) plus one yaml in
+conf/backend/. Each is importable without torch (the driver reads its facts) and provides:
 
   LIBRARIES: tuple[str, ...]   distributions whose versions change its measurements (bench key)
   MEMORY_FACTOR: float         a benchmark's peak memory, as a multiple of the weight bytes
   DTYPES: dict[str, tuple]     model dtypes it runs, by device (DTYPE_NOTE: why others not)
   Options                      a dataclass of its typed options (backend.options);
                                __post_init__ checks values and raises ConfigError
-  load(spec, meta, feeds) -> Session   (the protocol in _base.py)
-  PROFILER: str                (optional) the profiler its session's profile() uses:
-                               bench.profile=true needs one (tasks/measure/profiles.py)
-  PRELOAD: tuple[str, ...]     (optional) modules a node's fork server imports once for
-                               its benchmarks (tasks/worker/forks.py); without it each benchmark
-                               imports them after its fork (runtime.imports_after_fork)
+  load(spec, meta, feeds) -> Session   a subclass of tasks.measure.session.Session
+  PROFILER: str                (optional) the profiler its session's profile() uses
+                               (bench.profile=true needs one; tasks/measure/profiles.py)
+  PRELOAD: tuple[str, ...]     (optional) modules its fork server imports once (tasks/worker/forks.py)
 """
 
 from __future__ import annotations

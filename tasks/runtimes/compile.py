@@ -1,15 +1,14 @@
-"""torch.compile (inductor) of the same prefill/decode graph modules eager runs.
-
-Compilation happens in load(), on the phase's real inputs, and is reported on its own as
-`compile_seconds`, so the measured latencies are steady state only.
-"""
+"""torch.compile (inductor) of the graph modules eager runs. load() compiles on the phase's
+real inputs and reports it as compile_seconds, so the timed calls are steady state."""
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -19,9 +18,8 @@ from tasks.runtimes.eager import TorchSession, build_module, set_threads
 from tasks.specs import PAST, BenchSpec, choice
 
 LIBRARIES = ("torch", "transformers")
-PRELOAD = (*EAGER_PRELOAD, "torch._dynamo", "torch._inductor.config")  # what a fork server imports (tasks/worker/forks.py)
+PRELOAD = (*EAGER_PRELOAD, "torch._dynamo")
 MEMORY_FACTOR = 1.5
-# model dtypes it runs, by device: other combinations are skipped at plan time
 DTYPES = {"cpu": ("float32", "float16", "bfloat16"), "cuda": ("float32", "float16", "bfloat16")}
 PROFILER = "torch.profiler around the compiled module, after the timed loop in the same session"
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -31,58 +29,75 @@ MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cu
 class Options:
     mode: str | None = None  # None | reduce-overhead | max-autotune | ...
     dynamic: bool | None = None  # None: torch decides (recompiles once as dynamic if shapes change)
-    cold_cache: bool = True  # True: inductor's caches off, so compile_seconds is a real first compile
+    cold_cache: bool = True  # True: compile caches off, so compile_seconds is a real first compile
 
     def __post_init__(self) -> None:
         choice("backend.options.mode", self.mode, MODES)
 
 
-def _graphs_compiled() -> int:
-    from torch._dynamo.utils import counters
+@cache
+def dynamo_counters() -> Any:
+    """Dynamo's counters (private: torch has no public count of compiled graphs), or None with
+    a warning where an upgrade moved them: recompiles then go uncounted, and the timed region
+    uses the public fail_on_recompile stance instead."""
+    try:
+        from torch._dynamo.utils import counters
 
-    return int(counters["stats"]["unique_graphs"])
+        int(counters["stats"]["unique_graphs"]) + int(counters["frames"]["total"])
+        return counters
+    except (ImportError, AttributeError, KeyError, TypeError, ValueError) as e:
+        warnings.warn(f"torch._dynamo.utils.counters not found ({e}): compile recompiles are not counted", stacklevel=2)
+        return None
 
 
-def _compile_counts() -> tuple[int, int]:
-    """Dynamo's graphs compiled and frames it was asked to convert: a recompile (a guard
-    miss) moves the second even where it ends without a new graph."""
-    from torch._dynamo.utils import counters
+def _compile_counts() -> tuple[int, int] | None:
+    """Graphs compiled and frames Dynamo was asked to convert (a guard miss moves the second
+    even where it makes no new graph); None where uncounted."""
+    c = dynamo_counters()
+    return None if c is None else (int(c["stats"]["unique_graphs"]), int(c["frames"]["total"]))
 
-    return int(counters["stats"]["unique_graphs"]), int(counters["frames"]["total"])
+
+def _graphs_compiled() -> int | None:
+    counts = _compile_counts()
+    return None if counts is None else counts[0]
 
 
 class CompiledSession(TorchSession):
-    """A TorchSession whose module is compiled. A growing (dynamic) KV cache is declared
-    dynamic in its sequence dimension up front, so consecutive decode steps reuse one
-    graph; recompiles are counted, and inside the timed region a recompile is an error."""
+    """A growing (dynamic) cache is marked dynamic in its sequence dim, so decode steps share
+    one graph; a recompile inside the timed region fails the variant."""
 
     def __init__(self, module, spec: BenchSpec, meta: dict[str, Any]):
         super().__init__(module, spec, meta)
         self.dynamic_cache = spec.model.kv_cache == "dynamic"
         self.compiled_after_load = 0
 
-    def recompiles(self) -> int:
+    def recompiles(self) -> int | None:
         """Graphs compiled since load() compiled the first."""
-        return _graphs_compiled() - self.compiled_after_load
+        graphs = _graphs_compiled()
+        return None if graphs is None else graphs - self.compiled_after_load
 
-    def _tensors(self, feeds: dict[str, np.ndarray]) -> list:
+    def place(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         import torch
 
-        tensors = super()._tensors(feeds)
+        tensors = super().place(arrays)
         if self.dynamic_cache:
-            for name, t in zip(feeds, tensors, strict=True):
+            for name, t in tensors.items():
                 if name.startswith(PAST):
-                    torch._dynamo.mark_dynamic(t, 2)  # [B, H_kv, S, D]: S grows step by step
+                    torch._dynamo.mark_dynamic(t, 2)  # documented API; [B, H_kv, S, D]: S grows
         return tensors
 
     @contextmanager
     def timed_region(self) -> Iterator[None]:
-        """Timed calls must run the graph compiled before them: Dynamo's counters are read
-        before and after, and a recompile in between raises (the variant fails). Counters,
-        not set_stance("fail_on_recompile"): that stance builds a new callback on every call
-        (with per-call inference mode, ~5% on a tiny model's ~0.4 ms decode step)."""
+        """Counters read before and after rather than set_stance("fail_on_recompile"), which
+        adds work to every call; the stance where the counters are gone."""
+        import torch
+
         before = _compile_counts()
-        with super().timed_region():  # inference mode, once
+        if before is None:
+            with super().timed_region(), torch.compiler.set_stance("fail_on_recompile"):
+                yield
+            return
+        with super().timed_region():
             yield
         if _compile_counts() != before:
             raise RuntimeError(
@@ -93,21 +108,21 @@ class CompiledSession(TorchSession):
 
 def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> TorchSession:
     import torch
-    import torch._inductor.config
 
     set_threads(spec)
     module = build_module(spec)
     opts = Options(**spec.runtime_options)
-    if opts.cold_cache:  # compile_seconds then means a first compile, not a lookup in inductor's disk cache
-        torch._inductor.config.force_disable_caches = True
+    if opts.cold_cache:
+        torch.compiler.config.force_disable_caches = True
     compiled = torch.compile(module, backend="inductor", mode=opts.mode, fullgraph=True, dynamic=opts.dynamic)
     session = CompiledSession(compiled, spec, meta)
     before = _graphs_compiled()
     t0 = time.perf_counter()
     session.run(feeds)
     session.metrics["compile_seconds"] = time.perf_counter() - t0
-    session.metrics["compiled_graphs"] = _graphs_compiled() - before
-    session.compiled_after_load = _graphs_compiled()
+    if before is not None:
+        session.compiled_after_load = _graphs_compiled()
+        session.metrics["compiled_graphs"] = session.compiled_after_load - before
     session.info.update(
         compile_mode=opts.mode or "default",
         compile_cold_cache=opts.cold_cache,

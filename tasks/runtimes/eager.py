@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -11,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tasks.measure.profiles import CALLS, WARMUP, add, top_ops
+from tasks.measure.session import Session
 from tasks.model.families import FAMILIES
 from tasks.specs import BenchSpec
 
@@ -18,10 +21,8 @@ if TYPE_CHECKING:
     import torch
 
 LIBRARIES = ("torch", "transformers")
-# what a fork server imports for its benchmarks (tasks/worker/forks.py): what load() would import
-PRELOAD = ("torch", "transformers", *dict.fromkeys(f.rotary_module for f in FAMILIES.values()))
+PRELOAD = ("torch", "transformers", *dict.fromkeys(f.rotary_module for f in FAMILIES.values()))  # what load() imports
 MEMORY_FACTOR = 1.5
-# model dtypes it runs, by device: other combinations are skipped at plan time
 DTYPES = {"cpu": ("float32", "float16", "bfloat16"), "cuda": ("float32", "float16", "bfloat16")}
 PROFILER = "torch.profiler, ops by self time, after the timed loop in the same session"
 
@@ -35,7 +36,7 @@ def _nothing() -> None:
     """sync() on the CPU: torch's CPU calls return with their work done."""
 
 
-class TorchSession:
+class TorchSession(Session):
     def __init__(self, module: torch.nn.Module, spec: BenchSpec, meta: dict[str, Any]):
         import torch
 
@@ -46,76 +47,60 @@ class TorchSession:
         self.info = {"torch_threads": torch.get_num_threads()}
         self.metrics: dict[str, float] = {}
         if self.device.type != "cuda":
-            self.sync = _nothing  # the host clock calls it after every timed call: no test, no branch
+            self.sync = _nothing  # the host clock calls it after every timed call: no branch there
 
-    def _tensors(self, feeds: dict[str, np.ndarray]) -> list[torch.Tensor]:
-        """Device copies made in inference mode, like the outputs fed back in run_steps
-        (torch.compile guards on the difference and would recompile)."""
+    def place(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        """Device copies made in inference mode, as the outputs fed back are (torch.compile
+        guards on the difference)."""
         import torch
 
         from tasks.model.tensors import to_torch
 
         with torch.inference_mode():
-            return [to_torch(a, self.dtypes.get(n)).to(self.device, copy=True) for n, a in feeds.items()]
+            return {n: to_torch(a, self.dtypes.get(n)).to(self.device, copy=True) for n, a in arrays.items()}
+
+    def step(self, inputs: dict[str, Any]) -> list[Any]:
+        import torch
+
+        with torch.inference_mode():
+            return list(self.module(*inputs.values()))
+
+    def to_host(self, logits: Any) -> np.ndarray:
+        from tasks.model.tensors import logits_numpy
+
+        return logits_numpy(logits)
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Logits in float32; caches in their own dtype (bfloat16 as uint16 bits)."""
-        import torch
+        from tasks.model.tensors import to_numpy
 
-        from tasks.model.tensors import logits_numpy, to_numpy
-
-        with torch.inference_mode():
-            logits, *rest = self.module(*self._tensors(feeds))
-            return [logits_numpy(logits), *map(to_numpy, rest)]
-
-    def run_steps(self, feeds: dict[str, np.ndarray], tokens: np.ndarray, start: int) -> list[np.ndarray]:
-        """Consecutive decode steps, each fed the previous step's present cache as the
-        tensors it returned (on the device, in the model's dtype). Logits [B, 1, V] each."""
-        import torch
-
-        from tasks.model.tensors import logits_numpy
-
-        _ids, _pos, *past = self._tensors(feeds)
-        out = []
-        with torch.inference_mode():
-            for t in range(tokens.shape[1]):
-                ids = torch.from_numpy(tokens[:, t : t + 1].copy()).to(self.device)  # fresh standard strides
-                pos = torch.tensor([start + t], dtype=torch.int64, device=self.device)
-                logits, *past = self.module(ids, pos, *past)
-                out.append(logits_numpy(logits))
-        return out
+        logits, *rest = self.step(self.place(feeds))
+        return [self.to_host(logits), *map(to_numpy, rest)]
 
     def bind(self, feeds: dict[str, np.ndarray]):
-        """The module on its inputs placed once, as a functools.partial (no frame of ours
-        per call). It runs in inference mode inside timed_region(), where the harness makes
-        every timed call; outside it, it would run with autograd on (and a compiled module
-        would recompile for the grad mode)."""
-        return partial(self.module, *self._tensors(feeds))
+        """The module on its placed inputs, as a functools.partial (no frame of ours per call);
+        timed inside timed_region(), in inference mode."""
+        return partial(self.module, *self.place(feeds).values())
 
     def profile(self, feeds: dict[str, np.ndarray], calls: int, folder: Path) -> list[dict[str, Any]]:
         """ATen ops by self time under torch.profiler; the harness calls it inside timed_region()."""
-        from tasks.measure.profiles import torch_rows
-
-        return torch_rows(self.bind(feeds), self.sync, self.device.type == "cuda", calls)
+        return profile_rows(self.bind(feeds), self.sync, self.device.type == "cuda", calls)
 
     @contextmanager
     def timed_region(self) -> Iterator[None]:
-        """Around the timed calls (the first call, and measure()'s whole loop): inference
-        mode, entered once here instead of around every call."""
+        """Inference mode, entered once around the timed calls rather than in each."""
         import torch
 
         with torch.inference_mode():
             yield
 
     def sync(self) -> None:
-        """On CUDA, wait for the device (on the CPU __init__ replaces it by a no-op)."""
         import torch
 
         torch.cuda.synchronize(self.device)
 
     def timer(self):
-        """On CUDA, time each call with CUDA events (device time, synchronised on the end
-        event); on CPU, None: the harness's host clock."""
+        """On CUDA, CUDA events (device time); on the CPU, None: the host clock."""
         import torch
 
         if self.device.type != "cuda":
@@ -140,6 +125,29 @@ class TorchSession:
         return {"cuda_peak_allocated_mb": torch.cuda.max_memory_allocated(self.device) / 2**20}
 
 
+def profile_rows(call: Callable[[], object], sync: Callable[[], None], cuda: bool, calls: int = CALLS):
+    """Each op's self time under torch.profiler (the device's on CUDA); the call's whole time
+    from the host clock."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(WARMUP):
+        call()
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        sync()
+        call_us = (time.perf_counter() - t0) * 1e6
+    per_op: dict[str, tuple[int, float]] = {}
+    for evt in prof.key_averages():
+        us = evt.self_device_time_total if cuda else evt.self_cpu_time_total
+        if us > 0 and not evt.key.startswith("ProfilerStep"):
+            add(per_op, evt.key, float(us), int(evt.count))
+    return top_ops(per_op, calls, call_us)
+
+
 def set_threads(spec: BenchSpec) -> None:
     import torch
 
@@ -152,9 +160,8 @@ def build_module(spec: BenchSpec) -> torch.nn.Module:
     from tasks.model.models import build_model
     from tasks.phases import phase_module
 
-    model = build_model(spec.model)
     m = spec.model
-    return phase_module(spec.phase.name).build_graph(model, spec.phase, m.family, m.kv_cache, m.attention)
+    return phase_module(spec.phase.name).build_graph(build_model(m), spec.phase, m.family, m.kv_cache, m.attention)
 
 
 def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> TorchSession:

@@ -1,23 +1,23 @@
 """ExecuTorch: the .pte runs in the ExecuTorch runtime (XNNPACK delegate) from Python.
-
-`import executorch.runtime` costs seconds: it happens inside the session, on the worker
-that benchmarks an executorch variant.
-"""
+`import executorch.runtime` takes seconds: it happens in the session, not at import."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tasks.measure.profiles import WARMUP, add, top_ops
+from tasks.measure.session import Session
 from tasks.specs import BenchSpec
 
 LIBRARIES = ("executorch",)
 PRELOAD = ("executorch.runtime", "executorch.extension.pybindings.portable_lib")
 MEMORY_FACTOR = 1.5
-# model dtypes it runs, by device: other combinations are skipped at plan time
 DTYPES = {"cpu": ("float32", "float16", "bfloat16")}
 PROFILER = "ExecuTorch's ETDump, read with its Inspector, from a program loaded with it on"
 
@@ -27,7 +27,16 @@ class Options:
     pass
 
 
-class PteSession:
+def threadpool(portable_lib: Any, name: str) -> Any:
+    """XNNPACK's thread pool is reachable only through these private pybindings (no public API
+    sets it): a clear error, not a wrong thread count, if an upgrade removes them."""
+    fn = getattr(portable_lib, name, None)
+    if fn is None:
+        raise RuntimeError(f"executorch's portable_lib has no {name}: bench.threads cannot set XNNPACK's threads")
+    return fn
+
+
+class PteSession(Session):
     def __init__(self, path: Path, spec: BenchSpec, meta: dict[str, Any]):
         from executorch.extension.pybindings import portable_lib
         from executorch.runtime import Runtime
@@ -35,59 +44,51 @@ class PteSession:
         if spec.device != "cpu":
             raise RuntimeError(f"device={spec.device}: the executorch backend runs on cpu only")
         if spec.bench.threads:
-            portable_lib._unsafe_reset_threadpool(spec.bench.threads)  # XNNPACK's thread pool
+            threadpool(portable_lib, "_unsafe_reset_threadpool")(spec.bench.threads)
         self.path = path
-        self.program = Runtime.get().load_program(path)
-        self.method = self.program.load_method("forward")
+        self.method = Runtime.get().load_program(path).load_method("forward")
         self.output_names = meta["output_names"]
         self.dtypes: dict[str, str] = meta.get("input_dtypes", {})
-        self.info = {"xnnpack_threads": portable_lib._threadpool_get_thread_count()}
+        self.info = {"xnnpack_threads": threadpool(portable_lib, "_threadpool_get_thread_count")()}
         self.metrics: dict[str, float] = {}
 
-    def _tensors(self, feeds: dict[str, np.ndarray]) -> list:
+    def place(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         from tasks.model.tensors import to_torch
 
-        return [to_torch(a, self.dtypes.get(n)) for n, a in feeds.items()]
+        return {n: to_torch(a, self.dtypes.get(n)) for n, a in arrays.items()}
 
-    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """Logits in float32; caches in their own dtype (bfloat16 as uint16 bits); copies
-        out of the method's memory."""
-        from tasks.model.tensors import logits_numpy, to_numpy
+    def step(self, inputs: dict[str, Any]) -> list[Any]:
+        """Outputs copied out of the method's memory, which its next call reuses."""
+        logits, *present = self.method.execute(list(inputs.values()))
+        return [logits, *(t.clone() for t in present)]
 
-        logits, *rest = self.method.execute(self._tensors(feeds))
-        return [logits_numpy(logits), *(to_numpy(t.clone()) for t in rest)]
-
-    def run_steps(self, feeds: dict[str, np.ndarray], tokens: np.ndarray, start: int) -> list[np.ndarray]:
-        """Consecutive decode steps, each fed the previous step's present cache as tensors
-        in the model's dtype (copied out of the method's memory, which the next call reuses)."""
-        import torch
-
+    def to_host(self, logits: Any) -> np.ndarray:
         from tasks.model.tensors import logits_numpy
 
-        _ids, _pos, *past = self._tensors(feeds)
-        out = []
-        for t in range(tokens.shape[1]):
-            ids = torch.from_numpy(tokens[:, t : t + 1].copy())
-            pos = torch.tensor([start + t], dtype=torch.int64)
-            logits, *present = self.method.execute([ids, pos, *past])
-            out.append(logits_numpy(logits))
-            past = [p.clone() for p in present]
-        return out
+        return logits_numpy(logits)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        from tasks.model.tensors import to_numpy
+
+        logits, *rest = self.step(self.place(feeds))
+        return [self.to_host(logits), *map(to_numpy, rest)]
+
+    def bind(self, feeds: dict[str, np.ndarray]):
+        inputs = list(self.place(feeds).values())
+        method = self.method
+        return lambda: method.execute(inputs)
 
     def profile(self, feeds: dict[str, np.ndarray], calls: int, folder: Path) -> list[dict[str, Any]]:
-        """Kernels (portable) and XNNPACK operators, from an ETDump of a second load of the
-        program with event tracing on (the timed program never traces)."""
+        """Portable kernels and XNNPACK operators, from an ETDump of a second load with tracing on."""
         import warnings
 
         from executorch.devtools import Inspector
         from executorch.devtools.inspector import TimeScale
         from executorch.runtime import Runtime
 
-        from tasks.measure.profiles import WARMUP, executorch_rows
-
         program = Runtime.get().load_program(self.path, enable_etdump=True, debug_buffer_size=0)
         method = program.load_method("forward")
-        inputs = self._tensors(feeds)
+        inputs = list(self.place(feeds).values())
         for _ in range(WARMUP + calls):
             method.execute(inputs)
         etdump, debug = folder / "etdump.etdp", folder / "debug.bin"
@@ -102,21 +103,32 @@ class PteSession:
             for event in block.events
             if event.perf_data is not None
         ]
-        return executorch_rows(events, WARMUP)
+        return profile_rows(events, WARMUP)
 
-    def bind(self, feeds: dict[str, np.ndarray]):
-        inputs = self._tensors(feeds)
-        method = self.method
-        return lambda: method.execute(inputs)
 
-    def sync(self) -> None:
-        pass
+_WRAPPERS = {"Method::execute", "DELEGATE_CALL", "OPERATOR_CALL"}  # spans around other events
+_INSTANCE = re.compile(r"\s#\d+$")  # XNNPACK numbers its operators: "... GEMM #2"
 
-    def timer(self):
-        return None
 
-    def device_metrics(self) -> dict[str, float]:
-        return {}
+def op_name(name: str) -> str:
+    """`native_call_expand_copy.out` -> `expand_copy (portable)`; an XNNPACK operator keeps its
+    name, without its instance number, marked `(xnnpack)`."""
+    if name.startswith("native_call_"):
+        return name.removeprefix("native_call_").removesuffix(".out").split(".")[0] + " (portable)"
+    return _INSTANCE.sub("", name) + " (xnnpack)"
+
+
+def profile_rows(events: Iterable[tuple[str, list[float]]], warmup: int) -> list[dict[str, Any]]:
+    """`events`: (name, one duration in us per execute call) of the ETDump's Execute block."""
+    per_op: dict[str, tuple[int, float]] = {}
+    call_us, calls = 0.0, 0
+    for name, raw in events:
+        timed = raw[warmup:]
+        if name == "Method::execute":
+            call_us, calls = call_us + sum(timed), calls + len(timed)
+        elif name not in _WRAPPERS and timed:
+            add(per_op, op_name(name), sum(timed), len(timed))
+    return top_ops(per_op, calls, call_us)
 
 
 def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> PteSession:

@@ -8,16 +8,18 @@ from typing import Any
 
 import numpy as np
 
-from tasks.specs import PAST, BenchSpec, choice
+from tasks.measure.profiles import WARMUP, add, top_ops
+from tasks.measure.session import Session
+from tasks.specs import BenchSpec, choice
 
 LIBRARIES = ("onnxruntime",)
-PRELOAD = ("onnxruntime", "onnx")  # what a fork server imports for its children (tasks/worker/forks.py); onnx reads the optimised graph (tasks/export/_anatomy.py)
-MEMORY_FACTOR = 1.5  # peak RSS 6.8 GB benchmarking the Llama-3.2-1B architecture in fp32 (1.4x)
-# model dtypes it runs, by device: other combinations are skipped at plan time
+PRELOAD = ("onnxruntime", "onnx")  # onnx reads the optimised graph's anatomy
+MEMORY_FACTOR = 1.5
 DTYPES = {"cpu": ("float32", "float16"), "cuda": ("float32", "float16", "bfloat16")}
 DTYPE_NOTE = "ONNX Runtime's CPU provider has no bfloat16 kernels (e.g. Mul)"
 OPT_LEVELS = ("disable", "basic", "extended", "all")
 PROFILER = "ONNX Runtime's profiler (SessionOptions.enable_profiling), in a session of its own"
+PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
 
 @dataclass(frozen=True)
@@ -28,10 +30,7 @@ class Options:
         choice("backend.options.graph_optimization_level", self.graph_optimization_level, OPT_LEVELS)
 
 
-PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
-
-
-class OrtSession:
+class OrtSession(Session):
     def __init__(self, path: Path, spec: BenchSpec):
         import onnxruntime as ort
 
@@ -44,11 +43,12 @@ class OrtSession:
                 f"(available: {', '.join(ort.get_available_providers())})"
             )
         opts = ort.SessionOptions()
+        level = ort.GraphOptimizationLevel
         opts.graph_optimization_level = {
-            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+            "disable": level.ORT_DISABLE_ALL,
+            "basic": level.ORT_ENABLE_BASIC,
+            "extended": level.ORT_ENABLE_EXTENDED,
+            "all": level.ORT_ENABLE_ALL,
         }[options.graph_optimization_level]
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         if spec.bench.threads:
@@ -68,19 +68,16 @@ class OrtSession:
         self._binding = None
 
     def _optimized_anatomy(self, path: Path, opts: Any, providers: list[str]):
-        """The session, made once with ONNX Runtime writing the graph its optimiser produced
-        (at backend.options.graph_optimization_level) to a temporary file: its anatomy is
-        recorded as metrics ort_graph_nodes, ort_graph_transposes, ... beside the exported
-        file's anatomy_*, so a sweep over the level shows what the passes did. A model with
-        external weights is loaded as it is (the optimised copy would rewrite GBs)."""
+        """The session, with the graph ONNX Runtime's optimiser made written out once and its
+        anatomy recorded as ort_graph_* metrics. Not for external weights (it would copy GBs)
+        nor CUDA (whose partitioned graph is not written)."""
         import tempfile
 
         import onnxruntime as ort
 
-        from tasks.export._anatomy import onnx_anatomy
+        from tasks.export.onnx import anatomy
 
-        external = any(path.parent.glob(path.name + ".*"))  # model.onnx.data: external weights
-        if external or self.device != "cpu":  # the CUDA EP's partitioned graph is not written out
+        if any(path.parent.glob(path.name + ".*")) or self.device != "cpu":
             return ort.InferenceSession(str(path), sess_options=opts, providers=providers)
         with tempfile.TemporaryDirectory(prefix="phasesweep-ort-") as folder:
             severity = opts.log_severity_level
@@ -90,7 +87,7 @@ class OrtSession:
                 session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
             finally:
                 opts.optimized_model_filepath, opts.log_severity_level = "", severity
-            graph = onnx_anatomy(Path(folder) / "optimized.onnx")
+            graph = anatomy(Path(folder) / "optimized.onnx")
         for kind in ("nodes", "transposes", "copies", "casts"):
             self.metrics[f"ort_graph_{kind}"] = float(graph[kind])
         return session
@@ -99,40 +96,45 @@ class OrtSession:
         return self.session.run(self.output_names, feeds)
 
     def bind(self, feeds: dict[str, np.ndarray]):
-        """Inputs copied to the device once; outputs left to ONNX Runtime's allocator on the
-        device. (Binding preallocated output OrtValues measured 18% slower on the tiny decode
-        graph: ORT then copies each result into the caller's buffer.)"""
-        import onnxruntime as ort
-
-        binding = self.session.io_binding()
-        for name, arr in feeds.items():
-            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr, self.device, 0))
-        for out in self.session.get_outputs():
-            binding.bind_output(out.name, self.device)
+        """Inputs copied to the device once; outputs left to ONNX Runtime's allocator there
+        (preallocated outputs would make ORT copy into them)."""
+        binding = self._bound(self.place(feeds))
         self._binding = binding
         session = self.session
         return lambda: session.run_with_iobinding(binding)
+
+    def _bound(self, inputs: dict[str, Any]):
+        binding = self.session.io_binding()
+        for name, value in inputs.items():
+            binding.bind_ortvalue_input(name, value)
+        for name in self.output_names:
+            binding.bind_output(name, self.device)
+        return binding
 
     def sync(self) -> None:
         if self._binding is not None and self.device == "cuda":
             self._binding.synchronize_outputs()
 
-    def timer(self):
-        return None  # host clock; sync() waits for the CUDA EP's outputs
+    def place(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        import onnxruntime as ort
 
-    def device_metrics(self) -> dict[str, float]:
-        return {}
+        return {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), self.device, 0) for n, a in arrays.items()}
+
+    def step(self, inputs: dict[str, Any]) -> list[Any]:
+        binding = self._bound(inputs)
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()  # OrtValues, on the device
+
+    def to_host(self, logits: Any) -> np.ndarray:
+        return logits.numpy()
 
     def profile(self, feeds: dict[str, np.ndarray], calls: int, folder: Path) -> list[dict[str, Any]]:
-        """The call's kernels by op type, from a second session with the same settings and
-        ONNX Runtime's profiler on (the timed session never profiles)."""
+        """Kernels by op type, from a second session with the same settings and the profiler on."""
         import json
 
         import onnxruntime as ort
 
-        from tasks.measure.profiles import WARMUP, onnxruntime_rows
-
-        opts = self._options  # the timed session's settings: it was made with them already
+        opts = self._options
         before = opts.enable_profiling, opts.profile_file_prefix
         opts.enable_profiling, opts.profile_file_prefix = True, str(folder / "onnxruntime")
         try:
@@ -141,32 +143,18 @@ class OrtSession:
             opts.enable_profiling, opts.profile_file_prefix = before
         for _ in range(WARMUP + calls):
             profiled.run(self.output_names, feeds)
-        trace = json.loads(Path(profiled.end_profiling()).read_text())
-        return onnxruntime_rows(trace, WARMUP)
+        return profile_rows(json.loads(Path(profiled.end_profiling()).read_text()), WARMUP)
 
-    def run_steps(self, feeds: dict[str, np.ndarray], tokens: np.ndarray, start: int) -> list[np.ndarray]:
-        """Consecutive decode steps, each fed the present cache of the step before as
-        OrtValues that stay on the device: no cache tensor goes through numpy between steps.
-        Returns each step's logits [B, 1, V]."""
-        import onnxruntime as ort
 
-        binding = self.session.io_binding()
-        past = [n for n in feeds if n.startswith(PAST)]
-        for name in past:
-            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(feeds[name], self.device, 0))
-        logits = []
-        for t in range(tokens.shape[1]):
-            binding.bind_cpu_input("input_ids", np.ascontiguousarray(tokens[:, t : t + 1]))
-            binding.bind_cpu_input("cache_position", np.array([start + t], dtype=np.int64))
-            binding.clear_binding_outputs()
-            for name in self.output_names:
-                binding.bind_output(name, self.device)
-            self.session.run_with_iobinding(binding)
-            out = binding.get_outputs()  # OrtValues, on the device
-            logits.append(out[0].numpy())
-            for name, value in zip(past, out[1:], strict=True):
-                binding.bind_ortvalue_input(name, value)
-        return logits
+def profile_rows(trace: list[dict[str, Any]], warmup: int) -> list[dict[str, Any]]:
+    """The kernels of the profiler's trace (Chrome trace format, us), runs after the first `warmup`."""
+    runs = sorted((e for e in trace if e.get("name") == "model_run"), key=lambda e: e["ts"])[warmup:]
+    spans = [(e["ts"], e["ts"] + e["dur"]) for e in runs]
+    per_op: dict[str, tuple[int, float]] = {}
+    for e in trace:
+        if e.get("cat") == "Node" and any(a <= e["ts"] <= b for a, b in spans):
+            add(per_op, e["args"].get("op_name", e["name"]), float(e["dur"]))
+    return top_ops(per_op, len(runs), float(sum(b - a for a, b in spans)))
 
 
 def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> OrtSession:

@@ -1,32 +1,15 @@
-"""Fresh processes in milliseconds: a node's fork server.
+"""Fresh processes in milliseconds: a node's fork server imports the heavy modules once and
+forks a child per task (tasks/worker/fresh.py). The server never runs a job nor starts a
+thread pool, so each child is as fresh as a spawned one (`process_ran_before` stays "nothing").
 
-Every export, benchmark and capture runs in a process of its own (tasks/jobs.in_fresh_process).
-Spawning one costs a Python start and the imports of torch, transformers, ONNX and
-ExecuTorch: 4-5 s a task on this project's machine, more than a tiny model's export or
-benchmark takes. A fork server imports them once and forks a child per task. The child
-is as fresh as a spawned one: the server imports modules and never runs a job or starts a
-thread pool, so a child's memory, thread pools and caches are its own (`process_ran_before`
-stays "nothing") and it starts in a few milliseconds. (The modules a server imports may
-make, single-threaded, what their library would make again in every child: the export
-server's torch.onnx torchlib table and XNNPACK pattern graphs, tasks/export/_*.py.)
+One server per folder (per node and Ray job), started by a long-lived process of the node
+(`start`, under a lock) and ended with it or after IDLE_S idle. A task `connect`s, waiting for
+a start under way; none listening, it spawns instead. Stdlib only at import.
 
-One server per folder: the caller names a folder per node and Ray job (the orchestrator
-does), so two sweeps never share one and a job's code is the code its server imported.
-A long-lived process of the node starts it (`start`, under a lock: the orchestrator keeps
-one Ray actor per node for this, since Ray ends what an ordinary task's worker leaves
-behind) and it ends when that process ends, or after `IDLE_S` without a task. A task's
-process `connect`s: it waits for a start under way, and is told when none listens (it
-then spawns its child as before). Stdlib only at import: the heavy modules are imported
-in the server.
-
-Protocol, one connection per task (multiprocessing's framing over a Unix socket in a
-folder only this user can enter): the client sends (fn, spec, its environment) pickled (the
-child takes the environment on: a Ray task's CUDA_VISIBLE_DEVICES is the GPU Ray granted
-it); the server reads the
-bytes, forks (the child unpickles and runs them) and answers
-("pid", pid); the child sends ("result", result) and exits; the server reaps it and sends
-("exit", status). A client that goes away (its Ray task cancelled, its worker killed)
-takes its child with it: the server kills a child whose client hung up.
+Protocol, one connection per task over a Unix socket in a folder only this user can enter:
+the client sends (fn, spec, its environment) pickled; the server forks and answers
+("pid", pid); the child sends ("result", result) and exits; the server sends ("exit", status).
+A client that hangs up takes its child with it.
 """
 
 from __future__ import annotations
@@ -42,6 +25,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -59,6 +43,11 @@ POLL_S = 0.5
 FORKED = False  # True in a child of a fork server (a benchmark records how its process started)
 _AT_FORK: frozenset[str] | None = None  # in a forked child: the modules it was forked with
 OWN_PACKAGES = frozenset({"tasks", "orchestrator", "hydra_plugins"})
+EXPORT_SERVER = "export"  # the role of the server exports fork from; benchmarks': bench_server(runtime)
+
+
+def bench_server(runtime: str) -> str:
+    return f"bench-{runtime}"
 
 
 class ForkServerError(RuntimeError):
@@ -83,11 +72,13 @@ def imported_since_fork() -> tuple[str, ...] | None:
 
 
 def _preload(modules: Iterable[str]) -> None:
+    """A module that fails to import is named in a warning (server.log); its tasks then
+    import it themselves, and fail there if it is truly missing."""
     for name in modules:
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - an optional library missing: its tasks import (and fail) in the child
-            pass
+        except Exception as e:  # noqa: BLE001
+            warnings.warn(f"fork server preload: cannot import {name} ({type(e).__name__}: {e})", stacklevel=2)
 
 
 def _child(conn: Connection, job: bytes, listener: socket.socket, others: Iterable[Connection]) -> None:

@@ -1,13 +1,6 @@
-"""Export cache entries that travel between nodes with no shared filesystem.
-
-Each node keeps its own export cache: the folder the plan names, or, where the node says so,
-its own (`PHASESWEEP_NODE_CACHE`, set when the node is started: scripts/cluster.sh). An
-export is packed once where it was made (`pack`: its sealed files as one uncompressed tar)
-and the bytes go wherever they are needed by reference (the orchestrator hands them to
-Ray's object store, which every node reaches); a benchmark on a node whose cache lacks the
-entry, or holds an untrusted one, unpacks it there (`localise`), verified against its
-manifest before use. Stdlib only.
-"""
+"""Export cache entries that travel between nodes with no shared filesystem: packed once
+where made (`pack`, one uncompressed tar), unpacked and verified where a benchmark needs
+them (`localise`), in the node's own cache when it has one (`PHASESWEEP_NODE_CACHE`)."""
 
 from __future__ import annotations
 
@@ -19,7 +12,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from tasks.jobs import MANIFEST, verify_entry
+from tasks.worker.entries import MANIFEST, verify_entry
 
 NODE_CACHE_ENV = "PHASESWEEP_NODE_CACHE"
 

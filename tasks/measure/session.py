@@ -1,0 +1,67 @@
+"""The session every runtime's load() returns. Sessions speak numpy at their edges; a runtime
+overrides run and bind, and where its calls can stay on the device, place/step/to_host."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from tasks.specs import PAST
+
+
+class Session:
+    output_names: list[str]
+    info: dict[str, Any]  # settings recorded as params: threads, providers, ...
+    metrics: dict[str, float]  # one-off costs measured while loading, e.g. compile_seconds
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """One call on host inputs; outputs in output_names order, logits as float32."""
+        raise NotImplementedError
+
+    def bind(self, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
+        """A zero-argument call on inputs already placed, so the timed loop measures only the call."""
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Wait until the last call's work is done."""
+
+    def timer(self) -> Callable[[Callable[[], object]], int] | None:
+        """`timer(step) -> ns` of the runtime's own (CUDA events), or None for the host clock."""
+        return None
+
+    def device_metrics(self) -> dict[str, float]:
+        """Device counters read after timing, e.g. cuda_peak_allocated_mb."""
+        return {}
+
+    @contextmanager
+    def timed_region(self) -> Iterator[None]:
+        """Entered around the first call and the whole timed loop (torch: inference mode)."""
+        yield
+
+    # decode's contract, the primitives: inputs in the runtime's own form (device tensors, OrtValues)
+    def place(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        return dict(arrays)
+
+    def step(self, inputs: dict[str, Any]) -> list[Any]:
+        """One call on placed inputs; outputs placed, logits first."""
+        return self.run(inputs)
+
+    def to_host(self, logits: Any) -> np.ndarray:
+        return logits
+
+    def run_steps(self, feeds: dict[str, np.ndarray], tokens: np.ndarray, start: int) -> list[np.ndarray]:
+        """Consecutive decode steps of `tokens` [B, N] from position `start`, each fed the cache
+        the step before returned (present.i becomes past_key_values.i): each step's logits."""
+        past = [n for n in feeds if n.startswith(PAST)]
+        inputs = self.place(feeds)
+        logits = []
+        for t in range(tokens.shape[1]):
+            ids = np.ascontiguousarray(tokens[:, t : t + 1])
+            inputs.update(self.place({"input_ids": ids, "cache_position": np.array([start + t], dtype=np.int64)}))
+            first, *present = self.step(inputs)
+            logits.append(self.to_host(first))
+            inputs.update(zip(past, present, strict=True))
+        return logits

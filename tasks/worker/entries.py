@@ -1,0 +1,98 @@
+"""An export's cache entry: a folder sealed by a manifest of its files' sizes and checksums,
+written last, so an entry without one is incomplete. Stdlib and numpy only."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import socket
+from pathlib import Path
+
+import numpy as np
+
+from tasks.measure.machine import alive
+from tasks.specs import ExportResult, ExportSpec
+
+META = "meta.json"
+MANIFEST = "manifest.json"
+CHECKSUM_BYTES = 1 << 30  # larger files (external weights) are verified by size only
+INPUTS = "inputs.npz"  # the timed call's feeds, by graph input name
+PARITY = "parity.npz"  # step tokens and reference logits
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(entry: Path) -> None:
+    files = sorted(p for p in entry.iterdir() if p.is_file() and p.name != MANIFEST)
+    manifest = {p.name: {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in files}
+    (entry / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def verify_entry(entry: Path) -> str | None:
+    """Why a cache entry cannot be trusted (missing, partial, corrupt), or None."""
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return "no readable manifest.json (an export that did not finish)"
+    for name, want in manifest.items():
+        path = entry / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            return f"{name} has {size} bytes, the manifest says {want['bytes']}"
+        if size <= CHECKSUM_BYTES and _digest(path) != want["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def clean_dead_temporaries(parent: Path, name: str) -> None:
+    """Temporary folders of exports whose process is gone (killed, timed out) on this host."""
+    host = socket.gethostname()
+    for tmp in parent.glob(f".{name}.*"):
+        parts = tmp.name.split(".")  # "", name, host, pid, random
+        if len(parts) >= 5 and parts[-3] == host and parts[-2].isdigit() and not alive(int(parts[-2])):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def result_from_meta(spec: ExportSpec, out: Path, cache_hit: bool) -> ExportResult:
+    meta = json.loads((out / META).read_text())
+    return ExportResult(
+        key=spec.key,
+        out_dir=str(out),
+        ok=True,
+        cache_hit=cache_hit,
+        artifact=str(out / meta["artifact"]) if meta["artifact"] else None,
+        export_seconds=meta["export_seconds"],
+        artifact_mb=meta["artifact_mb"],
+        input_shapes=meta["input_shapes"],
+        details=meta["details"],
+        anatomy=meta.get("anatomy"),
+    )
+
+
+def cached_export(spec: ExportSpec, entry: str | Path) -> ExportResult | None:
+    """The result of a complete, verified entry at `entry` (a cache hit), else None. Torch-free:
+    the driver reads its cache hits itself."""
+    out = Path(entry)
+    if out.exists() and verify_entry(out) is None:
+        return result_from_meta(spec, out, cache_hit=True)
+    return None
+
+
+def load_export(export_dir: str | Path) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """An entry's (meta, the timed call's feeds in input order, parity data)."""
+    export_dir = Path(export_dir)
+    meta = json.loads((export_dir / META).read_text())
+    with np.load(export_dir / INPUTS) as z:
+        feeds = {name: z[name] for name in meta["input_names"]}
+    with np.load(export_dir / PARITY) as z:
+        parity = {name: z[name] for name in z.files}
+    return meta, feeds, parity
