@@ -97,6 +97,7 @@ def example(tmp_path_factory):
     return captured.capture_job(_spec(tmp_path_factory.mktemp("example"), EXAMPLE))
 
 
+@pytest.mark.slow  # a 300-token generation of the bundled example
 def test_a_300_token_generation_yields_the_phases_asked_for_not_300(example):
     assert example.ok, example.failure
     assert example.total_calls == 300  # the prefill, then one decode call per token but the last
@@ -108,6 +109,7 @@ def test_a_300_token_generation_yields_the_phases_asked_for_not_300(example):
     assert "kept: prefill p128, decode ctx128, decode ctx277, decode ctx426" in captured.describe(example)
 
 
+@pytest.mark.slow  # shares the 300-token generation
 def test_the_application_s_own_timings(example):
     t = example.timings
     assert t["app_runs"] == 1 and t["app_calls"] == 300
@@ -173,6 +175,7 @@ def test_the_reference_on_a_kept_call_is_what_the_application_saw(recorded):
         np.testing.assert_array_equal(steps[:, : len(following)], torch.cat(following, dim=1)[:, : phase.parity_steps])
 
 
+@pytest.mark.slow  # an ONNX export and a benchmark
 def test_a_captured_decode_exports_and_benchmarks_with_parity(recorded, tmp_path):
     result, _ = recorded
     kept = next(p for p in result.kept if p.kind == "decode" and p.call > 1)
