@@ -17,6 +17,14 @@ A variant measured on shared cores, or whose machine-speed probes differ by more
 min_effect, is called slower or faster only beyond 50% and beyond the machine's own change;
 the table says why. Below it: what changed inside each variant's artifact.
 
+With --remeasure, each variant both sweeps ran is timed again here, baseline and candidate
+alternating in short blocks in two fresh processes, until the ratio's interval is within
+--target-ci or --max-seconds pass; its verdict then rests on those paired rounds, which
+a change of the machine's speed between (or during) the sweeps cannot fake. Use it on any
+machine you do not control: shared CI runners, VMs, laptops.
+
+    python -m orchestrator.compare A B --remeasure --max-seconds 60
+
 Exit status: 1 when any variant is slower, 0 otherwise, 2 on usage errors.
 """
 
@@ -41,18 +49,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--min-effect", type=float, default=0.05, help="smallest relative change that matters")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level after the Holm correction")
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples per variant")
+    p.add_argument("--remeasure", action="store_true", help="time both sides again here, interleaved")
+    p.add_argument("--max-seconds", type=float, default=60.0, help="--remeasure: timed seconds per variant at most")
+    p.add_argument("--target-ci", type=float, default=0.01, help="--remeasure: stop once the ratio's 95%% interval is within this")
+    p.add_argument("--block-calls", type=int, default=4, help="--remeasure: calls per side per round, at least")
     args = p.parse_args(argv)
     try:
         if len(args.sweeps) not in (0, 2):
             raise UsageError("give both BASELINE and CANDIDATE, or neither (the latest two sweeps)")
         if not (args.min_effect > 0 and 0 < args.alpha < 1 and args.resamples > 0):
             raise UsageError("need --min-effect > 0, 0 < --alpha < 1 and --resamples > 0")
+        if not (args.max_seconds > 0 and 0 < args.target_ci < 1 and args.block_calls > 0):
+            raise UsageError(
+                f"need --max-seconds > 0 (got {args.max_seconds:g}), 0 < --target-ci < 1 (got {args.target_ci:g}) "
+                f"and --block-calls > 0 (got {args.block_calls})"
+            )
         client = open_store(args.uri)
         base, cand = pick_sweeps(client, args.sweeps, args.experiment)
     except UsageError as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
-    report, text = compare(client, base, cand, args.min_effect, args.alpha, args.resamples)
+    remeasured = None
+    if args.remeasure:
+        from orchestrator.read.compare import ok_runs
+        from orchestrator.run.remeasure import remeasure
+        from tasks.paired import PairOptions
+
+        options = PairOptions(max_seconds=args.max_seconds, target_ci=args.target_ci, block_calls=args.block_calls)
+        remeasured = remeasure(client, ok_runs(client, base), ok_runs(client, cand), options)
+    report, text = compare(client, base, cand, args.min_effect, args.alpha, args.resamples, remeasured)
     print(text)
     return 1 if any(r["verdict"] == "slower" for r in report["variants"]) else 0
 

@@ -28,6 +28,7 @@ class LauncherState(Protocol):
     exclude: Any
     include: Any
     max_variants: int | None
+    pair: str | None
 
 
 def grid_settings(launcher: Any, loader: Any) -> dict[str, Any]:
@@ -48,6 +49,7 @@ def grid_settings(launcher: Any, loader: Any) -> dict[str, Any]:
         "include": plain(getattr(launcher, "include", None)) or [],
         "exclude": plain(getattr(launcher, "exclude", None)) or [],
         "max_variants": getattr(launcher, "max_variants", None),
+        "pair": getattr(launcher, "pair", None),
         "groups": groups,
     }
 

@@ -249,3 +249,28 @@ def test_a_bad_rule_stops_the_sweep_before_anything_runs(sweep_in_tmp, tmp_path)
         + ", ".join(BACKENDS)
     )
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_pair_makes_a_b_pairs_of_variants_equal_in_all_else(plan_grid):
+    """hydra.launcher.pair: the value given first is the baseline; one pair per rest-of-grid point."""
+    plan = plan_grid({"pair": "model.kv_cache"}, model__kv_cache="dynamic,static", phase="prefill,decode")
+    by_name = {pv.name: pv.variant for pv in plan.variants}
+    assert len(plan.pairs) == 2
+    for a, b in plan.pairs:
+        va, vb = by_name[a], by_name[b]
+        assert (va.model.kv_cache, vb.model.kv_cache) == ("dynamic", "static")
+        assert va.phase.name == vb.phase.name and va.backend == vb.backend  # a static cache adds its capacity
+
+
+@pytest.mark.parametrize(
+    ("rules", "axes", "message"),
+    [
+        ({"pair": "model.kv_cache"}, {"phase": "prefill,decode"}, "needs exactly two values of model.kv_cache in the grid, it has 1 (static)"),
+        ({"pair": "phase.batch"}, {"phase__batch": "1,2,4"}, "needs exactly two values of phase.batch in the grid, it has 3 (1, 2, 4)"),
+        ({"pair": "phase.contxt"}, {"phase": "decode"}, "hydra.launcher.pair: phase.contxt is not a known key"),
+    ],
+)
+def test_a_pair_key_that_makes_no_pair_is_refused_before_work(plan_grid, rules, axes, message):
+    with pytest.raises(ConfigError) as err:
+        plan_grid(rules, **axes)
+    assert message in str(err.value)

@@ -135,12 +135,12 @@ def machine(sweeps, name: str) -> str:
     )
 
 
-def compare(sweeps, baseline: str, candidate: str, capsys) -> tuple[int, dict, str]:
+def compare(sweeps, baseline: str, candidate: str, capsys, *extra: str) -> tuple[int, dict, str]:
     """compare.main on two of the sweeps: (exit status, the spin variant's row of the
     compare.json logged on the candidate's sweep run, the printed table)."""
     from orchestrator.compare import main
 
-    code = main([sweeps[baseline], sweeps[candidate], "--uri", sweeps["uri"], "--min-effect", str(MIN_EFFECT)])
+    code = main([sweeps[baseline], sweeps[candidate], "--uri", sweeps["uri"], "--min-effect", str(MIN_EFFECT), *extra])
     printed = capsys.readouterr().out
     client = sweeps["client"]
     report = json.loads(Path(client.download_artifacts(sweeps[candidate], "compare.json")).read_text())
@@ -194,3 +194,53 @@ def test_the_sweeps_measured_what_they_were_given(sweeps):
     # the spin is wall-clock time inside every timed call: no quieter machine takes it away
     assert runs["candidate"].data.metrics["latency_ms_min"] >= SPINS["candidate"] / 1000
     assert runs["baseline"].data.metrics["latency_ms_min"] < runs["candidate"].data.metrics["latency_ms_min"]
+
+
+# re-measured: both sides timed again here, alternating blocks of 4 calls (40 and 160 ms each)
+REMEASURE = ["--remeasure", "--block-calls", "4", "--max-seconds", "30"]
+
+
+@pytest.fixture
+def spin_importable(monkeypatch):
+    """The re-measurement's side processes import spin_runtime by name."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SPIN), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
+    monkeypatch.syspath_prepend(str(SPIN))
+
+
+def test_remeasured_an_identical_rerun_is_never_slower(sweeps, capsys, spin_importable):
+    code, row, printed = compare(sweeps, "baseline", "rerun", capsys, *REMEASURE)
+    assert row["measured"].startswith("interleaved, ") and row["rounds"] >= 6, printed
+    assert code == 0 and row["verdict"] in ("same", "inconclusive"), printed
+
+
+def test_remeasured_a_known_slowdown_is_slower(sweeps, capsys, spin_importable):
+    code, row, printed = compare(sweeps, "baseline", "candidate", capsys, *REMEASURE)
+    assert row["measured"].startswith("interleaved, ") and "interleaved" in printed, printed
+    assert code == 1 and row["verdict"] == "slower", printed
+    assert row["ratio_ci_low"] <= row["ratio"] <= row["ratio_ci_high"] and row["ratio_ci_low"] > 1 + MIN_EFFECT
+
+
+def test_an_a_b_pair_in_one_sweep_is_timed_interleaved(tmp_path, mlflow_db, cache_override, spin_importable):
+    """hydra.launcher.pair=backend.options.spin_us with spin_us=40000,160000: both variants
+    measured as usual, then the pair timed interleaved; its ratio on the candidate's run and
+    in the sweep's summary."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.run.sweep import run_sweep
+
+    uri = mlflow_db(tmp_path)
+    common = [
+        "model=llama", "phase=decode", "backend=spin", f"hydra.searchpath=[file://{SPIN / 'conf'}]",
+        *SHAPE_OVERRIDES, *BENCH, cache_override, f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path / 'mlartifacts'}",
+    ]
+    jobs = [[*common, f"backend.options.spin_us={us}"] for us in (SPIN_US, 4 * SPIN_US)]
+    outcomes = run_sweep([compose(j) for j in jobs], jobs, tmp_path / "out", "pytest: a/b pair", grid={"pair": "backend.options.spin_us"})
+    base, cand = (outcomes[i] for i in (0, 1))
+    assert base.status == cand.status == "ok"
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(cand.run_id)
+    assert run.data.tags["pair_baseline"] == base.name and run.data.tags["pair_verdict"] == "slower", run.data.tags
+    assert run.data.metrics["pair_ratio_ci_low"] > 1 + MIN_EFFECT and run.data.metrics["pair_rounds"] >= 6
+    parent = run.data.tags["mlflow.parentRunId"]
+    summary = Path(client.download_artifacts(parent, "summary.txt", str(tmp_path))).read_text()
+    assert "A/B pairs, timed interleaved" in summary and cand.name in summary

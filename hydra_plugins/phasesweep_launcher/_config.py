@@ -16,7 +16,9 @@ class PhaseSweepRayLauncherConf:
       runs that already exist) and run nothing;
     - `exclude` / `include`: rules over the grid's points, e.g.
       `exclude: [{backend: executorch, device: cuda}]` (orchestrator/plan/grid.py says how they read);
-    - `max_variants`: at most this many variants per model (the first, in grid order); null: all.
+    - `max_variants`: at most this many variants per model (the first, in grid order); null: all;
+    - `pair`: a key whose two values in the grid make A/B pairs of variants equal in all else,
+      each pair also timed interleaved (baseline: the value given first), e.g. `model.kv_cache`.
     """
 
     _target_: str = "hydra_plugins.phasesweep_launcher.ray_launcher.PhaseSweepRayLauncher"
@@ -24,6 +26,7 @@ class PhaseSweepRayLauncherConf:
     exclude: list[dict[str, Any]] = field(default_factory=list)
     include: list[dict[str, Any]] = field(default_factory=list)
     max_variants: int | None = None
+    pair: str | None = None
 
 
 @dataclass

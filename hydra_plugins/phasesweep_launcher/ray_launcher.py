@@ -25,11 +25,13 @@ class PhaseSweepRayLauncher(Launcher):
         exclude: Sequence[Any] = (),
         include: Sequence[Any] = (),
         max_variants: int | None = None,
+        pair: str | None = None,
     ) -> None:
         """Takes the fields of PhaseSweepRayLauncherConf and keeps each as an attribute: the
         orchestrator reads them (orchestrator/launcher.py)."""
         self.dry_run = dry_run
         self.exclude, self.include, self.max_variants = exclude, include, max_variants
+        self.pair = pair
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None

@@ -62,6 +62,7 @@ class GridRules:
     include: tuple[Rule, ...] = ()
     exclude: tuple[Rule, ...] = ()
     max_variants: int | None = None
+    pair: str | None = None  # the params key whose two values make A/B pairs (orchestrator/plan/pairs.py)
 
     @property
     def active(self) -> bool:
@@ -150,6 +151,7 @@ def grid_rules(
     exclude: Any = None,
     max_variants: Any = None,
     groups: Mapping[str, Sequence[str]] | None = None,
+    pair: Any = None,
 ) -> GridRules:
     """The launcher's grid settings, checked. `groups`: the options of each config group
     (what a group key may name); a group left out accepts any name."""
@@ -158,4 +160,7 @@ def grid_rules(
         isinstance(max_variants, bool) or not isinstance(max_variants, int) or max_variants < 1
     ):
         raise ConfigError(f"hydra.launcher.max_variants={max_variants!r} must be an integer >= 1 (or null: no cap)")
-    return GridRules(_rules("include", include, groups), _rules("exclude", exclude, groups), max_variants)
+    if pair is not None and (not isinstance(pair, str) or not pair):
+        raise ConfigError(f"hydra.launcher.pair={_text(pair)} must be one key, e.g. model.kv_cache (or null: no pairs)")
+    pair = _key("hydra.launcher.pair", pair) if pair is not None else None
+    return GridRules(_rules("include", include, groups), _rules("exclude", exclude, groups), max_variants, pair)

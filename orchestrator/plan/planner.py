@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from orchestrator.plan.capture import Captures
 from orchestrator.plan.config import SweepPoint
 from orchestrator.plan.grid import GridRules
+from orchestrator.plan.pairs import pair_variants
 from orchestrator.plan.placement import (
     Capacity,
     Request,
@@ -130,6 +131,7 @@ class Plan:
     exports: dict[str, ExportJob]  # export key -> the one job that fills it
     excluded: tuple[Excluded, ...] = ()  # by the grid's rules, in job order
     captures: Captures | None = None  # phase=captured: what each application's capture kept
+    pairs: tuple[tuple[str, str], ...] = ()  # hydra.launcher.pair: (baseline, candidate) variant names
 
     def variant(self, name: str) -> PlannedVariant:
         return self._by_name[name]
@@ -183,6 +185,33 @@ def _name_variants(variants: list[Variant], overrides: list[list[str]]) -> list[
         for v in members:
             suffixes[id(v)] = "".join(f"_{suffix(k, v.params[k])}" for k in varying if v.params.get(k) is not None)
     return [v.base_name + suffixes[id(v)] for v in variants]
+
+
+def bench_spec(name: str, v: Variant, export_dir: str) -> BenchSpec:
+    """What a variant's benchmark task gets, reading its export from `export_dir`."""
+    return BenchSpec(
+        variant=name,
+        runtime=v.backend.runtime,
+        device=v.device.name,
+        model=v.model,
+        phase=v.phase,
+        export_dir=export_dir,
+        bench=v.bench,
+        runtime_options=dict(v.backend.options),
+        peak_bandwidth_gbs=v.device.peak_bandwidth_gbs,
+    )
+
+
+def export_spec(v: Variant, out_dir: str) -> ExportSpec:
+    """What a variant's export task gets, writing its entry at `out_dir`."""
+    return ExportSpec(
+        key=v.export_key,
+        model=v.model,
+        phase=v.phase,
+        export_format=v.backend.export_format,
+        out_dir=out_dir,
+        options=dict(v.backend.export_options),
+    )
 
 
 def _export_dir(cache: Path, v: Variant) -> str:
@@ -303,17 +332,7 @@ def make_plan(
             runtime.MEMORY_FACTOR,
             cluster.max_retries,
         )
-        bench = BenchSpec(
-            variant=name,
-            runtime=v.backend.runtime,
-            device=v.device.name,
-            model=v.model,
-            phase=v.phase,
-            export_dir=_export_dir(cache, v),
-            bench=v.bench,
-            runtime_options=dict(v.backend.options),
-            peak_bandwidth_gbs=v.device.peak_bandwidth_gbs,
-        )
+        bench = bench_spec(name, v, _export_dir(cache, v))
         peak = max(fmt.MEMORY_FACTOR, runtime.MEMORY_FACTOR)
         planned.append(
             PlannedVariant(
@@ -335,14 +354,8 @@ def make_plan(
         if v.export_key in exports:
             continue
         fmt = formats[v.backend.export_format]
-        spec = ExportSpec(
-            key=v.export_key,
-            model=v.model,
-            phase=v.phase,
-            export_format=v.backend.export_format,
-            out_dir=pv.bench.export_dir,
-            options=dict(v.backend.export_options),
-        )
+        spec = export_spec(v, pv.bench.export_dir)
         request = export_request(capacity, fmt.RESOURCES, v.weight_bytes, fmt.MEMORY_FACTOR, cluster.max_retries)
         exports[v.export_key] = ExportJob(spec, request, tuple(users[v.export_key]))
-    return Plan(points[0], capacity, tuple(planned), tuple(skipped), exports, tuple(excluded), captures)
+    pairs = pair_variants(planned, rules.pair) if rules.pair else ()
+    return Plan(points[0], capacity, tuple(planned), tuple(skipped), exports, tuple(excluded), captures, pairs)

@@ -81,6 +81,7 @@ def compare_rows(report: dict[str, Any]) -> list[dict[str, str]]:
             "ratio_95ci": f"[{r['ratio_ci_low']:.3f}, {r['ratio_ci_high']:.3f}]",
             "p_holm": f"{r['p_holm']:.2g}",
             "verdict": r["verdict"] + (f" ({r['disturbed']})" if r.get("disturbed") else ""),
+            **({"measured": r.get("measured", "the sweeps' samples")} if report.get("remeasured") is not None else {}),
         }
         for r in report["variants"]
     ]
@@ -112,15 +113,26 @@ def anatomy_lines(changes: Mapping[str, list[str]]) -> list[str]:
 
 
 def compare(
-    client: Any, base_id: str, cand_id: str, min_effect: float, alpha: float, resamples: int
+    client: Any,
+    base_id: str,
+    cand_id: str,
+    min_effect: float,
+    alpha: float,
+    resamples: int,
+    remeasured: tuple[dict[str, dict], dict[str, str]] | None = None,
 ) -> tuple[dict[str, Any], str]:
-    """The comparison of two sweeps and its text, both logged on the candidate's sweep run."""
+    """The comparison of two sweeps and its text, both logged on the candidate's sweep run.
+    `remeasured`: ({variant: its interleaved re-measurement}, {variant: why not}) from
+    orchestrator/run/remeasure.py; those variants are judged on the re-measurement."""
     base_runs, cand_runs = ok_runs(client, base_id), ok_runs(client, cand_id)
     base, base_missing, base_cond = sweep_samples(client, base_runs)
     cand, cand_missing, cand_cond = sweep_samples(client, cand_runs)
     disturbed, speeds = disturbances(base_cond, cand_cond, min_effect)
-    report = compare_sweeps(base, cand, min_effect, alpha, resamples, disturbed=disturbed, speeds=speeds)
+    pairs, missed = remeasured or ({}, {})
+    report = compare_sweeps(base, cand, min_effect, alpha, resamples, disturbed=disturbed, speeds=speeds, paired=pairs)
     report.update(baseline=base_id, candidate=cand_id, without_samples={"baseline": base_missing, "candidate": cand_missing})
+    if remeasured is not None:
+        report["remeasured"] = {"variants": sorted(pairs), "not": missed}
     base_anatomy, cand_anatomy = sweep_anatomies(client, base_runs), sweep_anatomies(client, cand_runs)
     report["anatomy_changes"] = {
         name: words
@@ -132,12 +144,16 @@ def compare(
         f"candidate = {cand_id}",
         f"ratio = candidate / baseline median; 95% block-bootstrap interval; Mann-Whitney U p of "
         f"{BLOCKS} blocks per run, Holm-corrected; min effect {min_effect:.0%}, alpha {alpha:g}",
+        *(["interleaved: the median of per-round ratios of block medians, its distribution-free 95% interval, "
+           "a sign test's p"] if pairs else []),
         "",
         table(compare_rows(report)),
         "",
         summary_line(report),
         *anatomy_lines(report["anatomy_changes"]),
     ]
+    if missed:
+        lines += ["", "not re-measured (judged on the sweeps' samples):"] + [f"  {n}: {why}" for n, why in sorted(missed.items())]
     for side, names in (("baseline", base_missing), ("candidate", cand_missing)):
         if names:
             lines.append(f"without {SAMPLES} in the {side}: {', '.join(names)}")

@@ -114,6 +114,31 @@ def compare_samples(
     }
 
 
+def compare_paired(pair: Mapping[str, Any], min_effect: float = 0.05, alpha: float = 0.05) -> dict[str, Any]:
+    """One variant re-measured interleaved (tasks/paired.py): the median of its per-round ratios
+    candidate / baseline with their distribution-free interval, and a sign test's p that the
+    rounds' ratios sit above 1 as often as below."""
+    from scipy.stats import binomtest
+
+    ratios = np.asarray(pair["ratios"], dtype=np.float64)
+    above, below = int((ratios > 1).sum()), int((ratios < 1).sum())
+    p = float(binomtest(above, above + below, 0.5).pvalue) if above + below else 1.0
+    low, high = pair["ci"]
+    return {
+        "n_baseline": len(pair["samples_ns"]["baseline"]),
+        "n_candidate": len(pair["samples_ns"]["candidate"]),
+        "rounds": len(ratios),
+        "median_baseline_ms": float(np.median(pair["block_ns"]["baseline"])) / 1e6,
+        "median_candidate_ms": float(np.median(pair["block_ns"]["candidate"])) / 1e6,
+        "ratio": float(pair["ratio"]),
+        "ratio_ci_low": float(low),
+        "ratio_ci_high": float(high),
+        "p_value": p,
+        "measured": f"interleaved, {len(ratios)} rounds",
+        "verdict": verdict(low, high, p, min_effect, alpha),
+    }
+
+
 def compare_sweeps(
     baseline: dict[str, Sequence[int]],
     candidate: dict[str, Sequence[int]],
@@ -123,19 +148,24 @@ def compare_sweeps(
     seed: int = 0,
     disturbed: Mapping[str, str] | None = None,
     speeds: Mapping[str, float] | None = None,
+    paired: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """{variant: samples} of two sweeps -> each common variant's comparison (Holm-corrected
     `p_holm`, final `verdict`) and the variants only one has. A variant in `disturbed` ({name:
-    why}) is called slower/faster only beyond DISTURBED_MIN_EFFECT and its `speeds` change."""
-    disturbed, speeds = disturbed or {}, speeds or {}
+    why}) is called slower/faster only beyond DISTURBED_MIN_EFFECT and its `speeds` change. A
+    variant in `paired` (its interleaved re-measurement: compare_paired) is judged on that instead."""
+    disturbed, speeds, paired = disturbed or {}, speeds or {}, paired or {}
     common = sorted(set(baseline) & set(candidate))
     results = [
-        {"variant": name, **compare_samples(baseline[name], candidate[name], min_effect, alpha, resamples, seed)}
+        {"variant": name, **(
+            compare_paired(paired[name], min_effect, alpha) if name in paired
+            else compare_samples(baseline[name], candidate[name], min_effect, alpha, resamples, seed)
+        )}
         for name in common
     ]
     for r, p in zip(results, holm([r["p_value"] for r in results]), strict=True):
         r["p_holm"] = p
-        r["disturbed"] = disturbed.get(r["variant"])
+        r["disturbed"] = None if r["variant"] in paired else disturbed.get(r["variant"])  # drift fell on both sides
         call, speed = (max(min_effect, DISTURBED_MIN_EFFECT), speeds.get(r["variant"], 1.0)) if r["disturbed"] else (min_effect, 1.0)
         r["verdict"] = verdict(r["ratio_ci_low"], r["ratio_ci_high"], p, min_effect, alpha, call, speed)
     return {

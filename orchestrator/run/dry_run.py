@@ -30,6 +30,8 @@ def say_plan(plan: Plan) -> None:
             by_rule[e.rule] = by_rule.get(e.rule, 0) + len(e.jobs)
         for rule, n in by_rule.items():
             say(f"  excluded  {n} job(s): {rule}")
+    for a, b in plan.pairs:
+        say(f"  A/B pair  {b} against {a}: timed interleaved once both are measured")
 
 
 def dry_run_plan(

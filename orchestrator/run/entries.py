@@ -51,3 +51,27 @@ def capture_entry(spec, timeout_s, _forks):
     from tasks.phases.captured import capture_in_fresh_process
 
     return capture_in_fresh_process(spec, timeout_s)
+
+
+def pair_entry(spec, timeout_s, _forks, packed=(None, None)):
+    """Baseline and candidate timed interleaved (tasks/paired.py) on this node's copies of
+    their exports; each side in a fresh process of its own."""
+    from tasks.paired import PairResult, paired_job
+    from tasks.specs import Failure
+    from tasks.worker.transfer import localise, node_entry
+
+    sides = []
+    for bench, shipped in zip((spec.baseline, spec.candidate), packed, strict=True):
+        bench = replace(bench, export_dir=node_entry(bench.export_dir))
+        try:
+            localise(bench.export_dir, shipped)
+        except (OSError, ValueError) as e:
+            return PairResult(spec.name, failure=Failure("load", f"the export is not on this node: {e}"))
+        sides.append(bench)
+    spec = replace(spec, baseline=sides[0], candidate=sides[1])
+    opts = spec.options
+    if timeout_s is not None:  # the task's clock: both loads and the timed rounds
+        spec = replace(spec, options=replace(opts, max_seconds=min(opts.max_seconds, max(1.0, timeout_s / 2)), load_timeout_s=timeout_s / 4))
+    result = paired_job(spec)
+    result.samples_ns = {}  # the blocks' medians tell the verdict; the sweep's runs hold every sample
+    return result

@@ -17,7 +17,7 @@ from orchestrator.plan.variant import Variant
 from orchestrator.record.tracking import Tracker
 from tasks.export import _anatomy as anatomy
 from tasks.phases import label
-from tasks.specs import BenchResult, ExportResult
+from tasks.specs import BenchResult, ExportResult, Failure
 
 
 def git_commit() -> str:
@@ -89,12 +89,45 @@ def log_profile(tracker: Tracker, o: Outcome, rows: list[dict[str, Any]], out_di
         tracker.artifact(o.run_id, folder / CHART)
 
 
-def log_summary(tracker: Tracker, parent: str, plan: Plan, outcomes: dict[str, Outcome], rows: list[dict], out_dir: Path) -> str:
+def log_pair(tracker: Tracker, a: Outcome, b: Outcome, result: Any) -> dict[str, str]:
+    """A/B pair's interleaved timing (tasks/paired.py) on the candidate's run; its summary row."""
+    from dataclasses import asdict
+
+    from orchestrator.read.stats import compare_paired
+
+    row = {"baseline": a.name, "candidate": b.name}
+    if isinstance(result, Failure) or not result.ok:
+        failure = result if isinstance(result, Failure) else result.failure
+        tracker.log(b.run_id, tags={"pair_baseline": a.name, "pair_error": failure.error})
+        return row | {"ratio": "-", "ratio_95ci": "-", "verdict": f"not timed: {failure.error}"}
+    r = compare_paired(asdict(result) | {"samples_ns": {"baseline": [], "candidate": []}})
+    tracker.log(
+        b.run_id,
+        metrics={"pair_ratio": r["ratio"], "pair_ratio_ci_low": r["ratio_ci_low"], "pair_ratio_ci_high": r["ratio_ci_high"],
+                 "pair_rounds": r["rounds"], "pair_p_value": r["p_value"]},
+        tags={"pair_baseline": a.name, "pair_verdict": r["verdict"]},
+    )
+    tracker.log_dict(b.run_id, {k: v for k, v in asdict(result).items() if k != "samples_ns"}, "pair.json")
+    return row | {
+        "ratio": f"{r['ratio']:.3f}",
+        "ratio_95ci": f"[{r['ratio_ci_low']:.3f}, {r['ratio_ci_high']:.3f}]",
+        "rounds": str(r["rounds"]),
+        "verdict": r["verdict"],
+    }
+
+
+def log_summary(
+    tracker: Tracker, parent: str, plan: Plan, outcomes: dict[str, Outcome], rows: list[dict], out_dir: Path,
+    pairs: list[dict[str, str]] | None = None,
+) -> str:
     """The sweep's summary (text, JSON, an MLflow table and the run's note) and plots; returns the text."""
     from orchestrator.read.plots import make_plots, plot_rows
     from orchestrator.read.summary import sweep_note
 
     text = table(rows)
+    if pairs:  # hydra.launcher.pair: each pair timed interleaved
+        tracker.log_dict(parent, pairs, "pairs.json")
+        text += "\n\nA/B pairs, timed interleaved (ratio = candidate / baseline median; sign test, min effect 5%)\n" + table(pairs)
     if plan.captures:  # the captured phases' benchmarks beside the application's own loop
         phases = {pv.name: pv.variant.phase for pv in plan.variants}
         beside = plan.captures.beside(outcomes, phases)

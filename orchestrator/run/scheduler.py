@@ -30,7 +30,7 @@ from tasks.worker.heap import imports_uncollected
 
 log = logging.getLogger("phasesweep")
 
-STAGES = {"export": "export", "bench": "benchmark", "capture": "capture"}  # task kind -> a Failure's stage
+STAGES = {"export": "export", "bench": "benchmark", "capture": "capture", "pair": "benchmark"}  # task kind -> a Failure's stage
 # Ray errors after which a task runs again (up to cluster.max_retries): its process or node went away
 RETRIABLE = ("WorkerCrashedError", "NodeDiedError", "OutOfMemoryError", "ActorDiedError")
 # the driver's backstop beyond cluster.task_timeout_s (which the task's process enforces): a worker's start-up
@@ -128,6 +128,7 @@ class Scheduler:
             "export": ray.remote(entries.export_entry),
             "bench": ray.remote(entries.bench_entry),
             "capture": ray.remote(max_calls=1)(entries.capture_entry),  # in a worker that ends after it
+            "pair": ray.remote(entries.pair_entry),
         }
         self._node = entries.node_id()
         live = self._capacity()
@@ -219,16 +220,29 @@ class Scheduler:
                 hit.details["ray_node"] = self._node
                 self.done.append((kind, key, hit))
                 return
-        if kind == "bench" and self.ship:
-            self._readers[spec.export_dir] = self._readers.get(spec.export_dir, 0) + 1
+        if kind == "bench":
+            self.reserve(spec.export_dir)
         self.queue.append(_Task(kind, key, spec, request))
+
+    def reserve(self, export_dir: str) -> None:
+        """One more task will read this export: a shipped entry stays in the object store."""
+        if self.ship:
+            self._readers[export_dir] = self._readers.get(export_dir, 0) + 1
+
+    def release(self, export_dir: str) -> None:
+        """A reader of this export is done (or will never run): the last one frees it."""
+        if self.ship:
+            left = self._readers[export_dir] = self._readers[export_dir] - 1
+            if left == 0:
+                self.payloads.pop(export_dir, None)
 
     def _ended(self, task: _Task) -> None:
         """A task ended for good: an export nothing will read any more leaves the object store."""
-        if task.kind == "bench" and self.ship:
-            left = self._readers[task.spec.export_dir] = self._readers[task.spec.export_dir] - 1
-            if left == 0:
-                self.payloads.pop(task.spec.export_dir, None)
+        if task.kind == "bench":
+            self.release(task.spec.export_dir)
+        elif task.kind == "pair":
+            self.release(task.spec.baseline.export_dir)
+            self.release(task.spec.candidate.export_dir)
 
     def _fits(self, task: _Task) -> bool:
         """Its pool has room, and the CPUs running tasks hold leave enough for it (a CPU
@@ -258,6 +272,10 @@ class Scheduler:
                 task.ref, task.payload = fn.options(**options, num_returns=2).remote(*args, self.ship)
             elif task.kind == "bench":
                 packed = self.payloads.get(task.spec.export_dir) if self.ship else None
+                task.ref = fn.options(**options).remote(*args, packed)
+            elif task.kind == "pair":
+                sides = (task.spec.baseline.export_dir, task.spec.candidate.export_dir)
+                packed = tuple(self.payloads.get(d) if self.ship else None for d in sides)
                 task.ref = fn.options(**options).remote(*args, packed)
             else:
                 task.ref = fn.options(**options).remote(*args)

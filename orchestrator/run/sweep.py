@@ -89,6 +89,8 @@ def run_sweep(
                         progress.tick()
                     elif kind == "retry":
                         run.on_retry(key, result)
+                    elif kind == "pair":
+                        run.on_pair(key, result)
                     else:
                         (run.on_export if kind == "export" else run.on_bench)(key, result)
         except BaseException:
@@ -113,6 +115,7 @@ class SweepRun:
     def __init__(self, plan: Plan, out_dir: Path, tracker: Tracker, sched: Scheduler):
         self.plan, self.out_dir, self.tracker, self.sched = plan, out_dir, tracker, sched
         self.outcomes: dict[str, Outcome] = {}
+        self.pairs: dict[str, dict[str, Any]] = {}  # hydra.launcher.pair: candidate -> its pair's row
         self.parent: str | None = None
         self.repeats: dict[str, list[BenchResult]] = {}  # variant -> results of its processes so far
         self.progress = Progress.of(plan)  # counts, ETA, and each ended variant's line
@@ -209,6 +212,36 @@ class SweepRun:
         for key, job in self.plan.exports.items():
             if any(not self.outcomes[name].ended for name in job.variants):
                 self.sched.submit("export", key, job.spec, job.request)
+        for pair in self.plan.pairs:  # each side's export stays shipped until its pair has run
+            for name in pair:
+                self.sched.reserve(self.plan.variant(name).bench.export_dir)
+        for pair in self.plan.pairs:
+            self.maybe_pair(pair)
+
+    # -- A/B pairs ------------------------------------------------------------------------
+    def maybe_pair(self, pair: tuple[str, str]) -> None:
+        """Once both sides of a pair are measured ok, their interleaved timing is queued;
+        once either ended otherwise, the pair is dropped."""
+        a, b = pair
+        if b in self.pairs or not all(self.outcomes[n].ended for n in pair):
+            return
+        if all(self.outcomes[n].status == Status.OK for n in pair):
+            from tasks.paired import PairOptions, PairSpec
+
+            base, cand = self.plan.variant(a).bench, self.plan.variant(b).bench
+            seconds = 2 * max(base.bench.max_seconds, cand.bench.max_seconds)  # both sides' time caps
+            spec = PairSpec(b, base, cand, PairOptions(max_seconds=seconds, seed=self.sched.seed))
+            self.pairs[b] = {"baseline": a, "candidate": b, "verdict": "queued"}
+            self.sched.submit("pair", f"{a}|{b}", spec, self.plan.variant(b).request)
+            return
+        self.pairs[b] = {"baseline": a, "candidate": b, "verdict": "not timed: a side did not end ok"}
+        for name in pair:
+            self.sched.release(self.plan.variant(name).bench.export_dir)
+
+    def on_pair(self, key: str, result: Any) -> None:
+        a, b = key.split("|")
+        self.pairs[b] = recording.log_pair(self.tracker, self.outcomes[a], self.outcomes[b], result)
+        say(f"  paired    {b:<44} {self.pairs[b]['verdict']} vs {a}: {self.pairs[b]['ratio']}")
 
     def on_export(self, key: str, result: ExportResult | Failure) -> None:
         model = self.log_model(key, result) if isinstance(result, ExportResult) and result.ok else {}
@@ -268,6 +301,7 @@ class SweepRun:
         o.status = Status.OK
         self.tracker.log(o.run_id, tags={"status": Status.OK, "unstable": o.unstable, "parity": "passed"})
         self.tracker.end(o.run_id, "FINISHED")
+        self.pairs_of(name)
         self.progress.ended(
             name,
             Status.OK,
@@ -282,6 +316,12 @@ class SweepRun:
             self.tracker.log(o.run_id, tags={"parity": "failed"})
         self.tracker.end(o.run_id, "FAILED")
         self.progress.ended(o.name, Status.FAILED, f"  FAILED    {o.name:<44} {failure.stage}: {failure.error}")
+        self.pairs_of(o.name)
+
+    def pairs_of(self, name: str) -> None:
+        for pair in self.plan.pairs:
+            if name in pair:
+                self.maybe_pair(pair)
 
     def abort(self, why: str) -> None:
         """Ctrl-C or a driver error: close every open run with the reason, lose nothing logged.
@@ -311,7 +351,8 @@ class SweepRun:
             metrics={f"variants_{k}": v for k, v in counts.items()} | {"sweep_seconds": seconds},
             tags={"status": Status.FAILED if failed else Status.OK},
         )
-        text = recording.log_summary(self.tracker, self.parent, self.plan, self.outcomes, summary_rows(outs), self.out_dir)
+        pairs = list(self.pairs.values())
+        text = recording.log_summary(self.tracker, self.parent, self.plan, self.outcomes, summary_rows(outs), self.out_dir, pairs)
         self.tracker.end(self.parent, "FAILED" if failed else "FINISHED")
         return text
 

@@ -66,6 +66,23 @@ def wall_clock(sync: Callable[[], None]) -> Callable[[Callable[[], object]], int
     return timed
 
 
+def warm_up(timed: Callable[[Callable[[], object]], int], step: Callable[[], object], opts: BenchOptions) -> tuple[int, float, float]:
+    """Calls in windows of warmup_iters until a window's median stops improving by more than
+    2% over the previous one (first-run effects gone), within warmup_max_seconds; returns
+    (calls, seconds, the last window's median ns)."""
+    w = max(1, opts.warmup_iters)
+    t0 = time.perf_counter()
+    prev = float("inf")
+    iters = 0
+    while True:
+        window = [timed(step) for _ in range(w)]
+        iters += w
+        med = float(np.median(window))
+        if med >= 0.98 * prev or time.perf_counter() - t0 >= opts.warmup_max_seconds:
+            return iters, time.perf_counter() - t0, med
+        prev = med
+
+
 def measure(
     step: Callable[[], object],
     opts: BenchOptions,
@@ -87,21 +104,7 @@ def measure(
     events, which times the device work itself and synchronises on the end event."""
     timed = timer or wall_clock(sync)
     first = timed(step)
-
-    # warm-up in windows of warmup_iters calls, until a window's median stops improving
-    # by more than 2% over the previous one (first-run effects gone), within a time cap
-    w = max(1, opts.warmup_iters)
-    t0 = time.perf_counter()
-    prev = float("inf")
-    iters = 0
-    while True:
-        window = [timed(step) for _ in range(w)]
-        iters += w
-        med = float(np.median(window))
-        if med >= 0.98 * prev or time.perf_counter() - t0 >= opts.warmup_max_seconds:
-            break
-        prev = med
-    warmup_seconds = time.perf_counter() - t0
+    iters, warmup_seconds, _ = warm_up(timed, step, opts)
 
     min_ns, max_ns = opts.min_seconds * 1e9, opts.max_seconds * 1e9
     samples: list[int] = []
