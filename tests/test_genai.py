@@ -1,0 +1,106 @@
+"""backend.export_options.exporter=genai: onnxruntime-genai's model builder as the ONNX exporter,
+timed and checked by the same harness as torch.onnx (tasks/export/_genai.py, tasks/runtimes/_ort_feeds.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.conftest import FAST_BENCH, plan_jobs
+
+GENAI = "backend.export_options.exporter=genai"
+DYNAMIC = "model.kv_cache=dynamic"
+pytest.importorskip("onnxruntime_genai", reason="pip install 'phasesweep[genai]'")
+
+
+def test_the_exporter_axis_plans_two_readably_named_variants():
+    jobs = [["phase=decode", DYNAMIC, f"backend.export_options.exporter={e}"] for e in ("torch", "genai")]
+    plan = plan_jobs(*jobs)
+    assert not plan.skipped
+    names = {pv.name: pv for pv in plan.variants}
+    assert set(names) == {"llama_decode_onnxruntime_cpu", "llama_decode_onnxruntime_genai_cpu"}
+    torch_, genai = names["llama_decode_onnxruntime_cpu"], names["llama_decode_onnxruntime_genai_cpu"]
+    assert torch_.export_key != genai.export_key  # two artifacts, two cache entries
+    assert genai.variant.params["backend.export_options.exporter"] == "genai"
+    assert torch_.variant.params["backend.export_options.exporter"] == "torch"
+
+
+def test_a_bad_exporter_is_refused_naming_the_key_and_the_choices():
+    from tasks.specs import ConfigError
+
+    with pytest.raises(ConfigError, match=r"backend.export_options.exporter='tvm' is not allowed; choose one of: torch, genai"):
+        plan_jobs(["backend.export_options.exporter=tvm"])
+
+
+@pytest.mark.parametrize(
+    "overrides, why",
+    [
+        (["phase=decode"], "model.kv_cache=static has fixed slots: choose model.kv_cache=dynamic"),
+        (["phase=decode", DYNAMIC, "model.dtype=float16"], "builds model.dtype in float32"),
+        (["phase=prefill", "model.attention=math"], "the builder chooses its own attention"),
+        (["phase=prefill", "device=cuda"], "CPU execution provider only"),
+    ],
+)
+def test_points_the_builder_cannot_make_are_planned_as_skipped_with_the_reason(overrides, why):
+    plan = plan_jobs([*overrides, GENAI])
+    assert not plan.variants and len(plan.skipped) == 1
+    assert why in plan.skipped[0].reason
+    assert "_onnxruntime_genai_" in plan.skipped[0].name
+
+
+def test_without_onnxruntime_genai_or_for_a_family_the_builder_lacks_the_point_is_skipped(monkeypatch):
+    from tasks.export import _genai
+
+    monkeypatch.setattr(_genai, "available", lambda: False)
+    (skipped,) = plan_jobs(["phase=prefill", GENAI]).skipped
+    assert "pip install 'phasesweep[genai]'" in skipped.reason
+    monkeypatch.undo()
+    monkeypatch.delitem(_genai.ARCHITECTURES, "phi3")
+    plan = plan_jobs(["phase=prefill", "model=phi3", GENAI], ["phase=prefill", "model=phi3"])
+    assert [pv.name for pv in plan.variants] == ["phi3_prefill_onnxruntime_cpu"]  # exporter=torch still runs
+    assert "builds model.family in llama" in plan.skipped[0].reason
+
+
+@pytest.mark.parametrize("model", ["llama", "phi3"])
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_the_builders_model_matches_transformers(planned_variant, model, phase):
+    """Decode: 8 steps, each fed the present cache the step before returned; prefill: the
+    logits and every present.* against the cache transformers filled."""
+    from tasks.jobs import bench_job
+
+    export, bench = planned_variant(f"model={model}", f"phase={phase}", DYNAMIC, GENAI)
+    assert export.details["exporter"] == "genai" and export.details["genai_precision"] == "fp32"
+    result = bench_job(dataclasses.replace(bench, bench=FAST_BENCH))
+    assert result.ok and result.parity["passed"], result.failure
+    if phase == "decode":
+        assert result.parity["steps"] == 8
+    else:
+        assert result.parity["cache_max_abs_diff"] <= result.parity["atol"]
+    assert result.metrics["latency_ms_median"] > 0
+
+
+def test_the_anatomy_shows_what_the_builder_fused_and_torch_did_not(exported, planned_variant):
+    from tasks.export.onnx import fused_counts, read_metadata
+    from tasks.runtimes import runtime_module
+    from tasks.worker.entries import load_export
+
+    genai = exported("llama", "decode", "onnx", kv_cache="dynamic", exporter="genai")
+    torch_ = exported("llama", "decode", "onnx")  # the static-cache export other tests share
+    layers = genai.details["layers"]
+    ours, theirs = fused_counts(torch_.anatomy), fused_counts(genai.anatomy)
+    assert theirs["GroupQueryAttention"] == layers and ours["GroupQueryAttention"] == 0
+    assert theirs["SkipSimplifiedLayerNormalization"] == 2 * layers
+    assert genai.anatomy["transposes"] == 0 < torch_.anatomy["transposes"]
+    assert 0 < theirs["MatMul"] <= ours["MatMul"]  # q, k, v fused into one projection
+
+    export, bench = planned_variant("model=llama", "phase=decode", DYNAMIC, GENAI)
+    meta, feeds, _ = load_export(export.out_dir)
+    session = runtime_module("onnxruntime").load(bench, meta, feeds)
+    assert session.metrics["ort_graph_GroupQueryAttention"] == layers
+    assert session.metrics["ort_graph_transposes"] == 0
+    import onnxruntime as ort
+
+    props = ort.InferenceSession(f"{export.out_dir}/{meta['artifact']}").get_modelmeta().custom_metadata_map
+    described = read_metadata(props)
+    assert described["exporter"] == "genai" and "attention_mask" in described["inputs"]
