@@ -62,14 +62,18 @@ def test_without_onnxruntime_genai_or_for_a_family_the_builder_lacks_the_point_i
     assert "builds model.family in llama" in plan.skipped[0].reason
 
 
-@pytest.mark.parametrize("model", ["llama", "phi3"])
+@pytest.mark.parametrize("model", ["llama", "phi3", "llama-tied"])
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 def test_the_builders_model_matches_transformers(planned_variant, model, phase):
     """Decode: 8 steps, each fed the present cache the step before returned; prefill: the
-    logits and every present.* against the cache transformers filled."""
+    logits and every present.* against the cache transformers filled. llama-tied: one table
+    for the embeddings and the output head, as Llama-3.2-1B has."""
     from tasks.jobs import bench_job
 
-    export, bench = planned_variant(f"model={model}", f"phase={phase}", DYNAMIC, GENAI)
+    model, tied = model.removesuffix("-tied"), model.endswith("-tied")
+    extra = ["+model.sizes.tiny.tie_word_embeddings=true"] if tied else []
+    export, bench = planned_variant(f"model={model}", f"phase={phase}", DYNAMIC, GENAI, *extra)
+    assert export.details["tied_embeddings"] == int(tied)
     assert export.details["exporter"] == "genai" and export.details["genai_precision"] == "fp32"
     result = bench_job(dataclasses.replace(bench, bench=FAST_BENCH))
     assert result.ok and result.parity["passed"], result.failure

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 # model.family -> the transformers architecture the builder dispatches on (config.architectures[0]);
 # the one place a family is admitted to the genai exporter
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM"}
-# model.dtype -> the builder's precision on the CPU execution provider (its fp16/bf16 builds are for GPUs)
+# model.dtype -> the builder's precision on the CPU execution provider: its fp16 CPU model builds
+# but does not run there (onnxruntime 1.31.1: a Cast in repeat_kv fails on a shape mismatch)
 PRECISIONS = {"float32": "fp32"}
 INSTALL = "pip install 'phasesweep[genai]' (onnxruntime-genai==0.18.0)"
 # builder options: logits of the last position only ([B, 1, V]), as phasesweep's own graphs
@@ -54,7 +55,7 @@ def unsupported(model: Any, phase: Any, device: str) -> str | None:
     if device != "cpu":
         return "exporter=genai builds for the CPU execution provider only (a CUDA build differs: its cache is one shared buffer)"
     if model.dtype not in PRECISIONS:
-        return f"exporter=genai on cpu builds model.dtype in {', '.join(PRECISIONS)} (the builder's CPU precisions), not {model.dtype}"
+        return f"exporter=genai on cpu builds model.dtype in {', '.join(PRECISIONS)} (the builder's CPU precisions that run), not {model.dtype}"
     if model.attention != "sdpa":
         return f"exporter=genai: the builder chooses its own attention (GroupQueryAttention); model.attention={model.attention} applies to exporter=torch"
     if phase.app is not None:
