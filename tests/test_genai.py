@@ -7,13 +7,15 @@ import dataclasses
 
 import pytest
 
+from tasks.export._genai import available
 from tests.conftest import FAST_BENCH, plan_jobs
 
 GENAI = "backend.export_options.exporter=genai"
 DYNAMIC = "model.kv_cache=dynamic"
-pytest.importorskip("onnxruntime_genai", reason="pip install 'phasesweep[genai]'")
+needs_genai = pytest.mark.skipif(not available(), reason="pip install 'phasesweep[genai]'")
 
 
+@needs_genai
 def test_the_exporter_axis_plans_two_readably_named_variants():
     jobs = [["phase=decode", DYNAMIC, f"backend.export_options.exporter={e}"] for e in ("torch", "genai")]
     plan = plan_jobs(*jobs)
@@ -33,6 +35,7 @@ def test_a_bad_exporter_is_refused_naming_the_key_and_the_choices():
         plan_jobs(["backend.export_options.exporter=tvm"])
 
 
+@needs_genai
 @pytest.mark.parametrize(
     "overrides, why",
     [
@@ -55,13 +58,14 @@ def test_without_onnxruntime_genai_or_for_a_family_the_builder_lacks_the_point_i
     monkeypatch.setattr(_genai, "available", lambda: False)
     (skipped,) = plan_jobs(["phase=prefill", GENAI]).skipped
     assert "pip install 'phasesweep[genai]'" in skipped.reason
-    monkeypatch.undo()
+    monkeypatch.setattr(_genai, "available", lambda: True)  # planning never imports it
     monkeypatch.delitem(_genai.ARCHITECTURES, "phi3")
     plan = plan_jobs(["phase=prefill", "model=phi3", GENAI], ["phase=prefill", "model=phi3"])
     assert [pv.name for pv in plan.variants] == ["phi3_prefill_onnxruntime_cpu"]  # exporter=torch still runs
     assert "builds model.family in llama" in plan.skipped[0].reason
 
 
+@needs_genai
 @pytest.mark.parametrize("model", ["llama", "phi3", "llama-tied"])
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 def test_the_builders_model_matches_transformers(planned_variant, model, phase):
@@ -84,6 +88,7 @@ def test_the_builders_model_matches_transformers(planned_variant, model, phase):
     assert result.metrics["latency_ms_median"] > 0
 
 
+@needs_genai
 def test_the_anatomy_shows_what_the_builder_fused_and_torch_did_not(exported, planned_variant):
     from tasks.export.onnx import fused_counts, read_metadata
     from tasks.runtimes import runtime_module
