@@ -112,7 +112,8 @@ def build(model: torch.nn.Module, family: str, dtype: str, checkpoint: str | Non
     if architecture != ARCHITECTURES[family]:
         raise ValueError(f"model.family={family}: the model is a {architecture}, the builder expects {ARCHITECTURES[family]}")
     log = io.StringIO()
-    with tempfile.TemporaryDirectory(prefix="phasesweep-genai-") as work:
+    # staged beside the entry (the export cache's disk, not /tmp: a 1B model stages 5 GB), gone before it is sealed
+    with tempfile.TemporaryDirectory(prefix=".genai-staging-", dir=out_dir) as work:
         hf, cache = Path(work) / "hf", Path(work) / "cache"
         with original_attention(model):
             model.config.architectures = [architecture]
