@@ -39,7 +39,6 @@ def test_a_bad_exporter_is_refused_naming_the_key_and_the_choices():
 @pytest.mark.parametrize(
     "overrides, why",
     [
-        (["phase=decode"], "model.kv_cache=static has fixed slots: choose model.kv_cache=dynamic"),
         (["phase=decode", DYNAMIC, "model.dtype=float16"], "builds model.dtype in float32"),
         (["phase=prefill", "model.attention=math"], "the builder chooses its own attention"),
         (["phase=prefill", "device=cuda"], "CPU execution provider only"),
@@ -66,17 +65,28 @@ def test_without_onnxruntime_genai_or_for_a_family_the_builder_lacks_the_point_i
 
 
 @needs_genai
-@pytest.mark.parametrize("model", ["llama", "phi3", "llama-tied"])
-@pytest.mark.parametrize("phase", ["prefill", "decode"])
-def test_the_builders_model_matches_transformers(planned_variant, model, phase):
-    """Decode: 8 steps, each fed the present cache the step before returned; prefill: the
-    logits and every present.* against the cache transformers filled. llama-tied: one table
-    for the embeddings and the output head, as Llama-3.2-1B has."""
+@pytest.mark.parametrize(
+    "model, phase, kv_cache",
+    [
+        ("llama", "prefill", "static"),
+        ("llama", "decode", "dynamic"),
+        ("llama", "decode", "static"),
+        ("phi3", "prefill", "static"),
+        ("phi3", "decode", "dynamic"),
+        ("phi3", "decode", "static"),
+        ("llama-tied", "decode", "static"),
+    ],
+)
+def test_the_builders_model_matches_transformers(planned_variant, model, phase, kv_cache):
+    """Decode: 8 steps, each fed the present cache the step before returned (static: the same
+    buffers, written in place); prefill: the logits and every present.* against the cache
+    transformers filled. llama-tied: one table for the embeddings and the output head, as
+    Llama-3.2-1B has."""
     from tasks.jobs import bench_job
 
     model, tied = model.removesuffix("-tied"), model.endswith("-tied")
     extra = ["+model.sizes.tiny.tie_word_embeddings=true"] if tied else []
-    export, bench = planned_variant(f"model={model}", f"phase={phase}", DYNAMIC, GENAI, *extra)
+    export, bench = planned_variant(f"model={model}", f"phase={phase}", f"model.kv_cache={kv_cache}", GENAI, *extra)
     assert export.details["tied_embeddings"] == int(tied)
     assert export.details["exporter"] == "genai" and export.details["genai_precision"] == "fp32"
     result = bench_job(dataclasses.replace(bench, bench=FAST_BENCH))
@@ -113,3 +123,32 @@ def test_the_anatomy_shows_what_the_builder_fused_and_torch_did_not(exported, pl
     props = ort.InferenceSession(f"{export.out_dir}/{meta['artifact']}").get_modelmeta().custom_metadata_map
     described = read_metadata(props)
     assert described["exporter"] == "genai" and "attention_mask" in described["inputs"]
+
+
+@needs_genai
+def test_a_static_cache_takes_the_new_position_in_place_and_a_dynamic_one_grows(planned_variant):
+    """GroupQueryAttention writes into the bound past buffer when it has a free slot at
+    cache_position: no copy of the cache per step, as onnxruntime-genai's shared buffer."""
+    import numpy as np
+
+    from tasks.runtimes import runtime_module
+    from tasks.specs import PAST
+    from tasks.worker.entries import load_export
+
+    for kv_cache in ("static", "dynamic"):
+        export, bench = planned_variant("model=llama", "phase=decode", f"model.kv_cache={kv_cache}", GENAI)
+        meta, feeds, _ = load_export(export.out_dir)
+        session = runtime_module("onnxruntime").load(bench, meta, feeds)
+        inputs = session.place(feeds)
+        first = f"{PAST}0.key"
+        ctx, slots = int(feeds["cache_position"][0]), feeds[first].shape[2]
+        before = inputs[first].numpy().copy()
+        _, key, *_ = session.step(inputs)
+        after = inputs[first].numpy()
+        if kv_cache == "static":
+            assert slots > ctx and key.shape() == list(feeds[first].shape)
+            assert np.abs(after[:, :, ctx]).max() > 0 == np.abs(before[:, :, ctx]).max()  # written in place
+            np.testing.assert_array_equal(after[:, :, :ctx], before[:, :, :ctx])
+        else:
+            assert slots == ctx and key.shape()[2] == ctx + 1
+            np.testing.assert_array_equal(after, before)

@@ -162,18 +162,18 @@ class GeneratorContender(Contender):
         return step
 
 
-def build(checkpoint: Path, work: Path, threads: int, torch_kv_cache: str = "static") -> dict[str, Contender]:
+def build(checkpoint: Path, work: Path, threads: int, kv_cache: str = "static") -> dict[str, Contender]:
     """The three contenders on a Hugging Face checkpoint folder (config.json + safetensors;
     tokenizer files optional). Exports are made under `work` as the first call asks for them.
-    phasesweep_torch uses `torch_kv_cache` (the sweep's default, static, unless told); the
-    builder's model always grows its cache (dynamic)."""
+    phasesweep_* use `kv_cache` (the sweep's default, static: the genai model then writes each
+    step into the fixed buffer in place); genai_generator manages its own cache (on CPU it grows)."""
     checkpoint, work = Path(checkpoint), Path(work)
     work.mkdir(parents=True, exist_ok=True)
-    genai = SweepContender(checkpoint, work, threads, "genai", "dynamic")
+    genai = SweepContender(checkpoint, work, threads, "genai", kv_cache)
     model_dir, _ = genai.export(PhaseSpec("prefill", batch=1, prompt_len=1))  # the builder's folder
     vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
     return {
-        "phasesweep_torch": SweepContender(checkpoint, work, threads, "torch", torch_kv_cache),
+        "phasesweep_torch": SweepContender(checkpoint, work, threads, "torch", kv_cache),
         "phasesweep_genai": genai,
         "genai_generator": GeneratorContender(model_dir, threads, vocab),
     }

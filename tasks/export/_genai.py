@@ -5,8 +5,9 @@ The builder reads a Hugging Face folder (config.json, safetensors, a tokenizer) 
 model.onnx with ONNX Runtime's fused contrib ops (GroupQueryAttention, RotaryEmbedding,
 SkipSimplifiedLayerNormalization), genai_config.json and the tokenizer. Its graph takes
 input_ids, attention_mask, past_key_values.{i}.key/value [B, H_kv, past, D] and returns
-logits and present.* [B, H_kv, past + S, D]: a cache that grows by each call's tokens, as
-model.kv_cache=dynamic does (tasks/runtimes/_ort_feeds.py maps the phases' feeds to it).
+logits and present.*. Its GroupQueryAttention runs either of phasesweep's caches: dynamic
+(present grows by the call's tokens) or static (a buffer with free slots, written in place);
+tasks/runtimes/_ort_feeds.py maps the phases' feeds to it.
 
 The top half is torch-free: the driver asks unsupported() at plan time.
 """
@@ -60,11 +61,6 @@ def unsupported(model: Any, phase: Any, device: str) -> str | None:
         return f"exporter=genai: the builder chooses its own attention (GroupQueryAttention); model.attention={model.attention} applies to exporter=torch"
     if phase.app is not None:
         return "exporter=genai runs the synthetic phases (prefill, decode), not phase=captured"
-    if phase.context_len is not None and model.kv_cache != "dynamic":
-        return (
-            f"exporter=genai: the builder's CPU model grows its cache by one position per step; "
-            f"model.kv_cache={model.kv_cache} has fixed slots: choose model.kv_cache=dynamic"
-        )
     return None
 
 

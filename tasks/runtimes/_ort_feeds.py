@@ -3,8 +3,11 @@
 The phases feed `input_ids`, `cache_position` (decode) and `past_key_values.{i}.key/value`
 [B, H_kv, S, D] and read `logits` then `present.*` in kv_names order. A torch export takes
 exactly these. onnxruntime-genai's builder (tasks/export/_genai.py) takes `input_ids`,
-`attention_mask` [B, past + S] (its GroupQueryAttention reads positions from it), maybe
-`position_ids`, and a past cache that is empty for a prompt; its outputs come keys first.
+`attention_mask` [B, cache_position + S] (its GroupQueryAttention reads the positions from it),
+maybe `position_ids`, and a past cache that is empty for a prompt; its outputs come keys first.
+Its GroupQueryAttention takes either cache: a dynamic one (exactly the context; present grows by
+S) or a static buffer with free slots (model.kv_cache=static), which it updates in place when
+present.* is bound to the past buffer, as onnxruntime-genai's shared-buffer mode does.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.specs import PAST
+from tasks.specs import PAST, PRESENT
 
 ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bfloat16)": np.uint16}
 
@@ -36,6 +39,10 @@ class Feeds:
         """The artifact's inputs from the phase's, already placed (OrtValues); `place` places more."""
         return inputs
 
+    def shared(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """{output name: the placed input it is written into in place}, for the artifact's placed inputs."""
+        return {}
+
 
 class GenaiFeeds(Feeds):
     """onnxruntime-genai's inputs: attention_mask of ones over past + new positions, position_ids
@@ -50,10 +57,11 @@ class GenaiFeeds(Feeds):
         self.kv_heads, self.head_dim = details["kv_heads"], details["head_dim"]
         self.dtype = ORT_TYPES[inputs[self.past[0]].type] if self.past else np.float32
 
-    def _extra(self, batch: int, past_len: int, seq: int) -> dict[str, np.ndarray]:
-        out = {"attention_mask": np.ones((batch, past_len + seq), dtype=np.int64)}
+    def _extra(self, batch: int, start: int, seq: int) -> dict[str, np.ndarray]:
+        """The mask over every position up to the last new one; new positions start at `start`."""
+        out = {"attention_mask": np.ones((batch, start + seq), dtype=np.int64)}
         if "position_ids" in self.input_names:
-            out["position_ids"] = np.broadcast_to(np.arange(past_len, past_len + seq, dtype=np.int64), (batch, seq)).copy()
+            out["position_ids"] = np.broadcast_to(np.arange(start, start + seq, dtype=np.int64), (batch, seq)).copy()
         return out
 
     def _empty(self, batch: int) -> dict[str, np.ndarray]:
@@ -63,13 +71,25 @@ class GenaiFeeds(Feeds):
         ids = feeds["input_ids"]
         b, s = ids.shape
         past = {n: feeds[n] for n in self.past if n in feeds} or self._empty(b)
-        return {"input_ids": ids, **self._extra(b, next(iter(past.values())).shape[2], s), **past}
+        start = int(feeds["cache_position"][0]) if "cache_position" in feeds else 0
+        return {"input_ids": ids, **self._extra(b, start, s), **past}
 
     def placed(self, inputs: dict[str, Any], place: Callable[[dict[str, np.ndarray]], dict[str, Any]]) -> dict[str, Any]:
         b, s = inputs["input_ids"].shape()
         past = {n: inputs[n] for n in self.past if n in inputs} or place(self._empty(b))
-        past_len = next(iter(past.values())).shape()[2]
-        return {"input_ids": inputs["input_ids"], **place(self._extra(b, past_len, s)), **past}
+        start = int(inputs["cache_position"].numpy()[0]) if "cache_position" in inputs else 0
+        return {"input_ids": inputs["input_ids"], **place(self._extra(b, start, s)), **past}
+
+    def shared(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """A past buffer that holds every position the mask covers (a static cache) takes the
+        call's new keys and values in place: present.i is bound to past_key_values.i. A dynamic
+        cache (exactly the context) or an empty one gets a new present from ONNX Runtime."""
+        if not self.past:
+            return {}
+        total = inputs["attention_mask"].shape()[1]
+        if inputs[self.past[0]].shape()[2] < total:
+            return {}
+        return {n.replace(PAST, PRESENT, 1): inputs[n] for n in self.past}
 
 
 def feeds_for(session: Any, meta: dict[str, Any]) -> Feeds:

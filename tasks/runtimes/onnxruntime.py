@@ -113,8 +113,12 @@ class OrtSession(Session):
         binding = self.session.io_binding()
         for name, value in inputs.items():
             binding.bind_ortvalue_input(name, value)
+        shared = self.feeds.shared(inputs)  # outputs the graph writes into an input's buffer in place
         for name in self.output_names:
-            binding.bind_output(name, self.device)
+            if name in shared:
+                binding.bind_ortvalue_output(name, shared[name])
+            else:
+                binding.bind_output(name, self.device)
         return binding
 
     def sync(self) -> None:
