@@ -54,7 +54,10 @@ def unsupported(model: Any, phase: Any, device: str) -> str | None:
             f"(tasks/export/_genai.py ARCHITECTURES), not {model.family!r}"
         )
     if device != "cpu":
-        return "exporter=genai builds for the CPU execution provider only (a CUDA build differs: its cache is one shared buffer)"
+        return (
+            "exporter=genai builds for the CPU execution provider only: the builder's CUDA model is another "
+            "file (fp16/bf16 GroupQueryAttention), and ONNX exports are shared by every device"
+        )
     if model.dtype not in PRECISIONS:
         return f"exporter=genai on cpu builds model.dtype in {', '.join(PRECISIONS)} (the builder's CPU precisions that run), not {model.dtype}"
     if model.attention != "sdpa":

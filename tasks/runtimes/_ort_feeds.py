@@ -45,8 +45,8 @@ class Feeds:
 
 
 class GenaiFeeds(Feeds):
-    """onnxruntime-genai's inputs: attention_mask of ones over past + new positions, position_ids
-    when the graph takes them, an empty past for a prompt; cache_position is implied."""
+    """onnxruntime-genai's inputs: attention_mask of ones up to cache_position + S, position_ids
+    when the graph takes them, an empty past for a prompt; cache_position itself is implied."""
 
     def __init__(self, session: Any, meta: dict[str, Any]):
         super().__init__(session, meta)
