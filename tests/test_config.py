@@ -165,7 +165,7 @@ def test_backend_options_are_completed_with_their_defaults(hydra_compose):
     assert point.backend.options == {"mode": "max-autotune", "dynamic": None, "cold_cache": True}
     assert point.backend.runtime == "compile" and point.backend.export_options == {}
     point = validate(hydra_compose("backend.export_options.opset=20"))
-    assert point.backend.export_options == {"opset": 20, "optimize": True}
+    assert point.backend.export_options == {"opset": 20, "optimize": True, "exporter": "torch"}
 
 
 def test_runtime_defaults_to_the_backend_name(hydra_compose):

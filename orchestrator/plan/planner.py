@@ -231,7 +231,8 @@ def unsupported(point: SweepPoint) -> str | None:
             f"backend {b.name} does not run model.dtype={dtype} on device={device} "
             f"(runs: {', '.join(runs) or 'none'}){': ' + note if note else ''}"
         )
-    return None
+    fmt = format_module(b.export_format)  # the format's own limits, e.g. the genai exporter's families
+    return fmt.unsupported(b.export_options, point.model, point.phase, device) if hasattr(fmt, "unsupported") else None
 
 
 class _Modules(dict):
@@ -267,7 +268,7 @@ def make_plan(
     unnamed: list[tuple[int, Variant, Variant, str]] = []  # skipped: job, variant, resolved, why
     excluded: list[Excluded] = []
     threads_of: dict[tuple[int, str], tuple[Any, Any]] = {}  # (bench options, device) -> (them, resolved)
-    reasons: dict[tuple[int, str, str], tuple[Any, str | None]] = {}  # (backend, device, dtype) -> why skipped
+    reasons: dict[tuple[int, str, int, int], tuple[Any, ...]] = {}  # (backend, device, model, phase) -> why skipped
     for idx, point in enumerate(points):
         base = Variant.from_point(point, tuple(overrides[idx]), memo)
         kept = captures.phases(point) if captures else None
@@ -283,10 +284,10 @@ def make_plan(
             if rule:
                 excluded.append(Excluded((idx,), v.base_name, rule))
                 continue
-            why = (id(point.backend), point.device.name, point.model.dtype)  # all unsupported() reads
+            why = (id(point.backend), point.device.name, id(point.model), id(point.phase))  # all unsupported() reads
             if why not in reasons:
-                reasons[why] = (point.backend, unsupported(point))
-            reason = reasons[why][1]
+                reasons[why] = (point.backend, point.model, point.phase, unsupported(point))
+            reason = reasons[why][-1]
             if reason:
                 unnamed.append((idx, v, resolved, reason))
                 continue

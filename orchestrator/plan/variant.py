@@ -60,6 +60,12 @@ def estimated_parameters(arch: dict[str, Any]) -> int:
     return layers * (attention + mlp + 2 * h) + embeddings + h  # + norms
 
 
+@cache
+def _name_tag(export_format: str) -> Any:
+    """The format's `name_tag(export_options) -> str` (what it adds to the backend's name), or None."""
+    return getattr(format_module(export_format), "name_tag", None)
+
+
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -175,7 +181,10 @@ class Variant:
 
     @property
     def base_name(self) -> str:
-        return f"{self.model.name}_{label(self.phase)}_{self.backend.name}_{self.device.name}"
+        backend = self.backend.name
+        if (tag := _name_tag(self.backend.export_format)) and (text := tag(self.backend.export_options)):
+            backend += f"_{text}"  # e.g. onnxruntime_genai: an export option that makes another artifact
+        return f"{self.model.name}_{label(self.phase)}_{backend}_{self.device.name}"
 
     @cached_property
     def params(self) -> dict[str, Any]:

@@ -13,6 +13,11 @@ driver reads its facts) and provides:
                                file and returns the file's anatomy (tasks/export/_anatomy.py)
   MOVEMENT: dict               (with an artifact) its data-movement op names, for the anatomy
   PRELOAD: tuple[str, ...]     (optional) modules its fork server imports once (tasks/worker/forks.py)
+  unsupported(options, model, phase, device) -> str | None
+                               (optional) why these options cannot make this grid point: the
+                               planner skips it with that reason (onnx: the genai exporter's limits)
+  name_tag(options) -> str     (optional) what variant names add after the backend's name
+                               ("genai": llama_decode_onnxruntime_genai_cpu); "" for nothing
 """
 
 from __future__ import annotations

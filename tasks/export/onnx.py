@@ -1,4 +1,6 @@
-"""ONNX through torch.onnx.export(dynamo=True), with named inputs and outputs."""
+"""ONNX, with named inputs and outputs, by one of two exporters (backend.export_options.exporter):
+torch.onnx.export(dynamo=True) of phasesweep's graph, or onnxruntime-genai's model builder
+(tasks/export/_genai.py), ONNX Runtime's own LLM exporter with its fused contrib ops."""
 
 from __future__ import annotations
 
@@ -9,13 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.export import _genai
 from tasks.export._anatomy import summary
-from tasks.specs import at_least
+from tasks.specs import at_least, choice
 
 if TYPE_CHECKING:
     import torch
 
-LIBRARIES = ("torch", "transformers", "onnx", "onnxscript")
+LIBRARIES = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime-genai")
 # the exporter's modules and those it imports on its first call, imported once by the fork server
 PRELOAD = (
     "onnx",
@@ -36,15 +39,40 @@ MOVEMENT = {
     "copies": frozenset({"Identity", "Expand", "Tile"}),
     "casts": frozenset({"Cast", "CastLike"}),
 }
+EXPORTERS = ("torch", "genai")
+# ops whose counts show what an exporter and ONNX Runtime's optimiser fused (ort_graph_* metrics),
+# by op type whatever its domain
+FUSED = (
+    "GroupQueryAttention",
+    "MultiHeadAttention",
+    "RotaryEmbedding",
+    "SkipSimplifiedLayerNormalization",
+    "SimplifiedLayerNormalization",
+    "MatMul",
+    "FusedMatMul",
+    "ScatterND",
+)
 
 
 @dataclass(frozen=True)
 class Options:
     opset: int | None = None  # None: the exporter's default opset
     optimize: bool = True  # onnxscript graph optimizations after export
+    exporter: str = "torch"  # torch: torch.onnx of phasesweep's graph | genai: onnxruntime-genai's model builder
 
     def __post_init__(self) -> None:
         at_least("backend.export_options.opset", self.opset, 18, optional=True)
+        choice("backend.export_options.exporter", self.exporter, EXPORTERS)
+
+
+def unsupported(options: dict[str, Any], model: Any, phase: Any, device: str) -> str | None:
+    """Why these export options cannot make this grid point (planned as skipped), or None."""
+    return _genai.unsupported(model, phase, device) if options.get("exporter") == "genai" else None
+
+
+def name_tag(options: dict[str, Any]) -> str:
+    """What the variant's name adds after the backend's: `onnxruntime_genai` for the builder's model."""
+    return "genai" if options.get("exporter") == "genai" else ""
 
 
 def export(
@@ -63,6 +91,8 @@ def export(
 
     opts = Options(**options)
     path = out_dir / "model.onnx"
+    if opts.exporter == "genai":
+        return _export_genai(graph, path, description)
     weight_bytes = sum(p.numel() * p.element_size() for p in graph.parameters())
     logging.getLogger("torch.onnx").setLevel(logging.WARNING)
     with torch.inference_mode(False), torch.no_grad():
@@ -84,6 +114,36 @@ def export(
     onnx.save(proto, str(path))
     details = {"onnx_nodes": len(proto.graph.node), "onnx_opset": proto.opset_import[0].version}
     return path.name, details, anatomy(path)
+
+
+def _export_genai(graph: Any, path: Path, description: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The builder's model of the graph's transformers model (its weights), described with
+    the file's own inputs and outputs."""
+    import onnx
+
+    m = description["model"]
+    details = _genai.build(graph.lm, m["family"], m["dtype"], m.get("checkpoint"), path.parent)
+    proto = onnx.load(str(path), load_external_data=False)
+    description = {**description, "exporter": "genai", **_io(proto)}
+    onnx.helper.set_model_props(proto, metadata(description))
+    onnx.save(proto, str(path))
+    opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    return path.name, {**details, "onnx_nodes": len(proto.graph.node), "onnx_opset": opset}, anatomy(path)
+
+
+def _io(proto: Any) -> dict[str, Any]:
+    """{"inputs": {name: {shape, dtype}}, "outputs": ...} of an ONNX graph; symbolic dims by name."""
+    import onnx
+
+    def side(values: Any) -> dict[str, Any]:
+        out = {}
+        for v in values:
+            t = v.type.tensor_type
+            shape = [d.dim_param or d.dim_value for d in t.shape.dim]
+            out[v.name] = {"shape": shape, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name}
+        return out
+
+    return {"inputs": side(proto.graph.input), "outputs": side(proto.graph.output)}
 
 
 # -- the description, as metadata_props (ONNX Runtime: get_modelmeta().custom_metadata_map) ------
@@ -126,6 +186,16 @@ def _tensor_bytes(t: Any) -> int:
     for d in t.dims:
         n *= d
     return n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+
+
+def fused_counts(anatomy: dict) -> dict[str, int]:
+    """{op type: count} of FUSED in an anatomy, whatever the op's domain."""
+    counts = dict.fromkeys(FUSED, 0)
+    for op, n in anatomy["ops"].items():
+        kind = op.rsplit(".", 1)[-1]
+        if kind in counts:
+            counts[kind] += n
+    return counts
 
 
 def anatomy(path: str | Path) -> dict:

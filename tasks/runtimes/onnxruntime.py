@@ -10,6 +10,7 @@ import numpy as np
 
 from tasks.measure.profiles import WARMUP, add, top_ops
 from tasks.measure.session import Session
+from tasks.runtimes._ort_feeds import feeds_for
 from tasks.specs import BenchSpec, choice
 
 LIBRARIES = ("onnxruntime",)
@@ -31,7 +32,7 @@ class Options:
 
 
 class OrtSession(Session):
-    def __init__(self, path: Path, spec: BenchSpec):
+    def __init__(self, path: Path, spec: BenchSpec, meta: dict[str, Any] | None = None):
         import onnxruntime as ort
 
         options = Options(**spec.runtime_options)
@@ -58,7 +59,8 @@ class OrtSession(Session):
         self.device = "cuda" if spec.device == "cuda" else "cpu"
         self.session = self._optimized_anatomy(path, opts, providers)
         self._path, self._options, self._providers = path, opts, providers
-        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.feeds = feeds_for(self.session, meta or {})  # the phase's feeds -> this file's inputs
+        self.output_names = self.feeds.output_names
         self.info = {
             "ort_intra_op_threads": spec.bench.threads or 0,  # 0: ONNX Runtime's default (all cores)
             "ort_inter_op_threads": 1,
@@ -69,15 +71,17 @@ class OrtSession(Session):
 
     def _optimized_anatomy(self, path: Path, opts: Any, providers: list[str]):
         """The session, with the graph ONNX Runtime's optimiser made written out once and its
-        anatomy recorded as ort_graph_* metrics. Not for external weights (it would copy GBs)
-        nor CUDA (whose partitioned graph is not written)."""
+        anatomy recorded as ort_graph_* metrics: movement kinds and the fused ops' counts. Not
+        for external weights past EXTERNAL_DATA_BYTES (it would copy GBs) nor CUDA (whose
+        partitioned graph is not written)."""
         import tempfile
 
         import onnxruntime as ort
 
-        from tasks.export.onnx import anatomy
+        from tasks.export.onnx import EXTERNAL_DATA_BYTES, anatomy, fused_counts
 
-        if any(path.parent.glob(path.name + ".*")) or self.device != "cpu":
+        external = sum(p.stat().st_size for p in path.parent.glob(path.name + ".*"))
+        if external > EXTERNAL_DATA_BYTES or self.device != "cpu":
             return ort.InferenceSession(str(path), sess_options=opts, providers=providers)
         with tempfile.TemporaryDirectory(prefix="phasesweep-ort-") as folder:
             severity = opts.log_severity_level
@@ -90,15 +94,17 @@ class OrtSession(Session):
             graph = anatomy(Path(folder) / "optimized.onnx")
         for kind in ("nodes", "transposes", "copies", "casts"):
             self.metrics[f"ort_graph_{kind}"] = float(graph[kind])
+        for op, n in fused_counts(graph).items():
+            self.metrics[f"ort_graph_{op}"] = float(n)
         return session
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return self.session.run(self.output_names, feeds)
+        return self.session.run(self.output_names, self.feeds.host(feeds))
 
     def bind(self, feeds: dict[str, np.ndarray]):
         """Inputs copied to the device once; outputs left to ONNX Runtime's allocator there
         (preallocated outputs would make ORT copy into them)."""
-        binding = self._bound(self.place(feeds))
+        binding = self._bound(self.place(self.feeds.host(feeds)))
         self._binding = binding
         session = self.session
         return lambda: session.run_with_iobinding(binding)
@@ -107,8 +113,12 @@ class OrtSession(Session):
         binding = self.session.io_binding()
         for name, value in inputs.items():
             binding.bind_ortvalue_input(name, value)
+        shared = self.feeds.shared(inputs)  # outputs the graph writes into an input's buffer in place
         for name in self.output_names:
-            binding.bind_output(name, self.device)
+            if name in shared:
+                binding.bind_ortvalue_output(name, shared[name])
+            else:
+                binding.bind_output(name, self.device)
         return binding
 
     def sync(self) -> None:
@@ -121,7 +131,7 @@ class OrtSession(Session):
         return {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), self.device, 0) for n, a in arrays.items()}
 
     def step(self, inputs: dict[str, Any]) -> list[Any]:
-        binding = self._bound(inputs)
+        binding = self._bound(self.feeds.placed(inputs, self.place))
         self.session.run_with_iobinding(binding)
         return binding.get_outputs()  # OrtValues, on the device
 
@@ -142,7 +152,7 @@ class OrtSession(Session):
         finally:
             opts.enable_profiling, opts.profile_file_prefix = before
         for _ in range(WARMUP + calls):
-            profiled.run(self.output_names, feeds)
+            profiled.run(self.output_names, self.feeds.host(feeds))
         return profile_rows(json.loads(Path(profiled.end_profiling()).read_text()), WARMUP)
 
 
@@ -158,4 +168,4 @@ def profile_rows(trace: list[dict[str, Any]], warmup: int) -> list[dict[str, Any
 
 
 def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> OrtSession:
-    return OrtSession(Path(spec.export_dir) / meta["artifact"], spec)
+    return OrtSession(Path(spec.export_dir) / meta["artifact"], spec, meta)
