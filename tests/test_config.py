@@ -105,6 +105,26 @@ def test_bad_override_on_command_line_fails_before_any_work(tmp_path):
     assert not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("cluster.export_cache=/proc/phasesweep", "cluster.export_cache='/proc/phasesweep' is not a writable folder"),
+        ("tracking.experiment=" + "x" * 300, "(300 characters): give a name of 1 to 256 characters"),
+    ],
+)
+def test_a_folder_or_name_the_store_cannot_take_fails_before_any_work(tmp_path, override, message):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "sweep.py"), "-m", "phase=prefill,decode", override],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 def test_help_lists_every_group():
     proc = subprocess.run([sys.executable, "sweep.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0

@@ -140,3 +140,20 @@ def test_resume_false_measures_again(resumed):
     for name in NAMES[:2]:
         assert f"  measured  {name} " in sweep.stdout
         assert len(ok_runs(uri)[name]) == 2
+
+
+def test_a_sweep_whose_every_variant_is_reused_starts_no_ray(resumed, tmp_path):
+    """The same command a third time: every variant ended ok before, so the sweep records its
+    reuse and ends without Ray (here `import ray` fails, so a Ray start would fail the sweep)."""
+    blocker = tmp_path / "no_ray" / "ray"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('this sweep should not need Ray')\n")
+    path = [str(blocker.parent), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    from tests.test_faults import ROOT, SPIN
+
+    before = {name: len(runs) for name, runs in ok_runs(resumed["uri"]).items()}
+    sweep = Sweep(resumed["folder"], *resumed["args"], env={"PYTHONPATH": os.pathsep.join([*path[:1], str(SPIN), str(ROOT), *path[1:]])})
+    assert sweep.finish() == 0, sweep.text()[-6000:]
+    assert f"reused    {len(NAMES)} variant(s)" in sweep.stdout, sweep.stdout
+    after = {name: len(runs) for name, runs in ok_runs(resumed["uri"]).items()}
+    assert after == before and set(after) == set(NAMES)  # linked, not measured again

@@ -9,6 +9,7 @@ key, the value and what is allowed. Identical errors of many jobs are reported o
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -141,6 +142,27 @@ class TrackingCfg:
 
     def check(self) -> None:
         at_least("tracking.max_model_mb", self.max_model_mb, 0, optional=True)
+        if not self.experiment or len(self.experiment) > EXPERIMENT_NAME_MAX:
+            raise ConfigError(
+                f"tracking.experiment={self.experiment!r} ({len(self.experiment or '')} characters): give a name of 1 to "
+                f"{EXPERIMENT_NAME_MAX} characters (what a tracking server's database holds)"
+            )
+
+
+EXPERIMENT_NAME_MAX = 256  # MLflow's experiments.name column (PostgreSQL enforces it)
+
+
+def check_writable(key: str, folder: str | Path) -> Path:
+    """`folder`, made if missing and written to once, or a ConfigError naming the key."""
+    path = Path(folder).expanduser().resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".phasesweep-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{key}={str(folder)!r} is not a writable folder ({e.strerror or e})") from None
+    return path
 
 
 @dataclass

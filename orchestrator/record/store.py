@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from orchestrator.plan.config import ConfigError, TrackingCfg
+from orchestrator.plan.config import ConfigError, TrackingCfg, check_writable
 
 REACH_TIMEOUT_S = 10.0
 RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in the driver of a submitted job (ray job submit)
@@ -108,15 +108,7 @@ def check_artifact_root(cfg: TrackingCfg) -> Path | None:
     """The local folder new experiments keep artifacts in, checked writable; None for a server."""
     if is_server(resolve_uri(cfg)):
         return None
-    root = Path(cfg.artifact_root or Path.cwd() / "mlartifacts").expanduser().resolve()
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".phasesweep-probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"tracking.artifact_root={str(root)!r} is not a writable folder ({e.strerror or e})") from None
-    return root
+    return check_writable("tracking.artifact_root", cfg.artifact_root or Path.cwd() / "mlartifacts")
 
 
 @contextmanager

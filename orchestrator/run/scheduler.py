@@ -107,6 +107,10 @@ class Scheduler:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    @property
+    def started(self) -> bool:
+        return self._started
+
     def start(self) -> None:
         """Start a local Ray, or join the cluster (once; later calls return)."""
         if self._started:

@@ -21,7 +21,7 @@ from orchestrator.common.console import say
 from orchestrator.common.outcome import Outcome, Status
 from orchestrator.common.signals import deferred
 from orchestrator.plan.capture import Captures
-from orchestrator.plan.config import validate_all
+from orchestrator.plan.config import check_writable, validate_all
 from orchestrator.plan.grid import grid_rules
 from orchestrator.plan.planner import Plan, make_plan
 from orchestrator.plan.variant import Variant
@@ -55,6 +55,8 @@ def run_sweep(
     if dry_run:
         dry_run_plan(points, configs, overrides, rules)
         return {}
+    if points[0].cluster.address is None:  # a local Ray's tasks write this machine's export cache
+        check_writable("cluster.export_cache", points[0].cluster.export_cache)
     tracker = Tracker(points[0].tracking, background=True)  # its checks now; MLflow's import and store beside Ray's start
     run: SweepRun | None = None
     sched = Scheduler(points[0].cluster)  # a local Ray: planned on this machine as measured, started below
@@ -70,6 +72,16 @@ def run_sweep(
             say_plan(plan)
             if not plan.variants and not plan.skipped:
                 return {}
+            earlier = reusable(plan, tracker, sched)
+            if earlier is not None:  # every variant measured ok before: recorded as reused, no Ray started
+                run = SweepRun(plan, out_dir, tracker, sched)
+                run.record_plan(command, earlier)
+                links = ui_lines(tracker.uri, getattr(tracker, "experiment_id", None), run.parent)
+                text = run.finish(time.perf_counter() - t0)
+                say("\n" + text)
+                for line in links:
+                    say(line)
+                return run.by_job()
             # a local Ray's servers import torch & co. while Ray starts and the plan is recorded
             sched.start_fork_servers(plan.fork_servers(lambda spec: not sched.holds(spec)))
             run = SweepRun(plan, out_dir, tracker, sched)
@@ -109,6 +121,19 @@ def run_sweep(
     return run.by_job()
 
 
+def reusable(plan: Plan, tracker: Tracker, sched: Scheduler) -> dict[str, Any] | None:
+    """The runs that measured every planned variant ok before (tracking.resume), when a local
+    Ray is not started yet and the store exists: then nothing needs Ray. Else None."""
+    tracking = plan.point.tracking
+    if not (tracking.resume and sched.own_local and not sched.started and plan.variants and not plan.captures):
+        return None
+    uri = tracker.uri
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        return None  # a new store holds nothing: its check would only delay Ray's start
+    earlier = tracker.finished_ok()
+    return earlier if all(pv.variant.bench_key in earlier for pv in plan.variants) else None
+
+
 class SweepRun:
     """Drives one invocation: every planned variant ends ok, failed, skipped or aborted, in MLflow."""
 
@@ -133,10 +158,11 @@ class SweepRun:
             self.tracker.end(run.info.run_id, "KILLED")
             say(f"  closed    {run.info.run_name}: left RUNNING, {why}")
 
-    def record_plan(self, command: str) -> None:
+    def record_plan(self, command: str, earlier: dict[str, Any] | None = None) -> None:
         self.commit = recording.git_commit()
         self.close_orphans()
-        earlier = self.tracker.finished_ok() if self.plan.point.tracking.resume else {}
+        if earlier is None:
+            earlier = self.tracker.finished_ok() if self.plan.point.tracking.resume else {}
         plan = self.plan
         params = {"command": command, "variants": len(plan.variants), "skipped": len(plan.skipped)}
         params |= {"exports": len(plan.exports), "bench_order_seed": self.sched.seed}
