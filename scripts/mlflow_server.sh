@@ -23,8 +23,9 @@
 #   set -a; . DIR/credentials; set +a
 #   python sweep.py -m ... tracking.uri=http://127.0.0.1:5000
 #
-# Run as root, PostgreSQL runs as the unprivileged user postgres ($PHASESWEEP_PG_USER), which
-# must be able to reach DIR; MLflow runs as the caller. Needs Debian's `postgresql` package and
+# Run as root, PostgreSQL runs as the unprivileged user postgres ($PHASESWEEP_PG_USER); where it
+# cannot reach DIR (a folder above is mode 700), its data lives in a folder of DIR's own under
+# $PHASESWEEP_PG_DATA_ROOT (default /var/tmp), DIR/pgdata linking to it. MLflow runs as the caller. Needs Debian's `postgresql` package and
 # the Python packages of `pip install -e '.[server]'` (psycopg, Flask-WTF).
 set -euo pipefail
 
@@ -59,13 +60,14 @@ mkdir -p "$dir"
 dir="$(cd "$dir" && pwd)"
 pgdata="$dir/pgdata" pglog="$dir/postgres.log" mllog="$dir/mlflow.log" pidfile="$dir/mlflow.pid"
 state="$dir/server.env"  # HOST, PORT, PG_PORT of the last start (status and stop read it)
+if [ -L "$pgdata" ]; then pgdata="$(readlink -f "$pgdata")" pglog="$pgdata.log"; fi  # kept outside DIR: see start
 
 # -- PostgreSQL, as an unprivileged user -------------------------------------------------
 pg_bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1 || true)"
 if [ -z "$pg_bin" ] && command -v initdb >/dev/null; then pg_bin="$(dirname "$(command -v initdb)")"; fi
 if [ "$(id -u)" = 0 ]; then
   pg_user="${PHASESWEEP_PG_USER:-postgres}"
-  as_pg() { runuser -u "$pg_user" -- "$@"; }
+  as_pg() { (cd / && runuser -u "$pg_user" -- "$@"); }  # from /: the caller's folder may be closed to it
 else
   pg_user="$(id -un)"
   as_pg() { "$@"; }
@@ -178,6 +180,19 @@ deps="$("$PYTHON" -c "import mlflow, psycopg, flask_wtf" 2>&1)" ||
   die "'$PYTHON' cannot import mlflow, psycopg and Flask-WTF ($(tail -n1 <<<"$deps")): activate the project's venv and pip install -e '.[server]'"
 if [ "$(id -u)" = 0 ]; then
   id "$pg_user" >/dev/null 2>&1 || die "no user '$pg_user' to run PostgreSQL as (Debian's postgresql package makes it; or set PHASESWEEP_PG_USER)"
+  # PostgreSQL runs as $pg_user and must pass through every folder above DIR (a `mktemp -d` is mode 700)
+  # PostgreSQL runs as $pg_user: where it cannot pass through a folder above DIR (a `mktemp -d` is
+  # mode 700), its data lives in a folder of DIR's own under /var/tmp, DIR/pgdata linking to it
+  if [ ! -e "$pgdata" ] && ! as_pg test -x "$dir"; then
+    up=""
+    IFS=/ read -ra parts <<<"${dir#/}"
+    for part in "${parts[@]}"; do up="$up/$part"; as_pg test -x "$up" || break; done
+    alt="${PHASESWEEP_PG_DATA_ROOT:-/var/tmp}/phasesweep-pgdata-$(printf %s "$dir" | sha256sum | cut -c1-12)"
+    as_pg test -x "$(dirname "$alt")" ||
+      die "user '$pg_user' cannot enter $up nor $(dirname "$alt"): give --dir a folder it can reach, or set PHASESWEEP_PG_DATA_ROOT"
+    mkdir -p "$alt" && ln -sfn "$alt" "$dir/pgdata" && pgdata="$alt" pglog="$alt.log"
+    say "note: user '$pg_user' cannot pass through $up: PostgreSQL's data is kept in $alt ($dir/pgdata links to it)"
+  fi
 fi
 umask 077
 chmod 711 "$dir"  # the postgres user must pass through to pgdata/; nothing here is readable to it

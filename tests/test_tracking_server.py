@@ -319,3 +319,27 @@ def test_a_sweep_records_runs_and_artifacts_through_it(server, tmp_path, export_
         assert status == 200 and listed.get("files"), listed
         stored = server["folder"] / "artifacts" / experiment_id / run_id / "artifacts"
         assert {f["path"] for f in listed["files"] if not f["is_dir"]} <= {p.name for p in stored.iterdir()}
+
+
+def test_it_starts_under_a_folder_postgres_cannot_enter(tmp_path):
+    """A project under a `mktemp -d` (mode 700): PostgreSQL's data goes to a folder of the
+    server's own it can reach, DIR/pgdata linking to it; MLflow serves; stop ends both."""
+    closed = Path(tempfile.mkdtemp(prefix="psw-closed-", dir="/tmp"))  # mode 700, as mktemp -d makes it
+    reachable = Path(tempfile.mkdtemp(prefix="psw-pgroot-", dir="/tmp"))
+    reachable.chmod(0o755)
+    folder = closed / "project" / ".mlflow_server"
+    env = {"PHASESWEEP_PG_DATA_ROOT": str(reachable)}
+    try:
+        started = script("start", "--dir", str(folder), "--port", str(free_port()), "--workers", "1", env=env)
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert f"cannot pass through {closed}" in started.stdout + started.stderr
+        link = folder / "pgdata"
+        assert link.is_symlink() and Path(os.readlink(link)).parent == reachable
+        assert (Path(os.readlink(link)) / "PG_VERSION").is_file()
+        status = script("status", "--dir", str(folder), env=env)
+        assert status.returncode == 0 and "PostgreSQL: running" in status.stdout + status.stderr
+    finally:
+        stopped = script("stop", "--dir", str(folder), env=env)
+        shutil.rmtree(closed, ignore_errors=True)
+        shutil.rmtree(reachable, ignore_errors=True)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
