@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from orchestrator.common.outcome import Outcome, Status
 from orchestrator.common.signals import Terminated, installed
 from orchestrator.plan.config import ConfigError
+from orchestrator.record.journal import ServerGone
 
 
 def run_or_exit(
@@ -34,7 +35,7 @@ def run_or_exit(
     try:
         with installed():  # Ctrl-C and SIGTERM wait for a write to the store in flight (orchestrator.common.signals)
             outcomes = run_sweep(configs, overrides, out_dir, command, dry_run=dry_run, grid=grid)
-    except ConfigError as e:
+    except (ConfigError, ServerGone) as e:
         sys.exit(f"phasesweep: {e}")
     except KeyboardInterrupt:  # every open run is closed KILLED by now, Ray is shut down
         print("phasesweep: interrupted (SIGINT); open runs closed as KILLED, finished ones kept", file=sys.stderr)

@@ -138,6 +138,7 @@ class FakeScheduler:
     answers each queued task with `respond(kind, key, spec)`."""
 
     seed = 1234  # the benchmarks' random order, recorded on the sweep's run
+    own_local = False  # as a joined cluster: a fully reused sweep still runs here
 
     def __init__(self, respond=None, cap=None):
         self.capacity = cap or capacity()
@@ -160,6 +161,12 @@ class FakeScheduler:
 
     def holds(self, spec):
         return False  # no export in its cache: the plan's every format gets the export server
+
+    def reserve(self, export_dir):
+        pass
+
+    def release(self, export_dir):
+        pass
 
     def start_fork_servers(self, servers):
         assert not self.started, "a local Ray's fork servers start before Ray does"

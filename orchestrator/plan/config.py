@@ -139,9 +139,12 @@ class TrackingCfg:
     experiment: str = "phasesweep"
     max_model_mb: float | None = None  # larger exported models are not copied into MLflow
     resume: bool = True  # reuse variants that already ended ok with the same bench key; false: measure again
+    outage_s: float = 600.0  # a tracking server away this long ends the sweep (its writes kept in a journal)
+    journal_dir: str | None = None  # where writes to a server are journaled; null: .phasesweep_journal
 
     def check(self) -> None:
         at_least("tracking.max_model_mb", self.max_model_mb, 0, optional=True)
+        at_least("tracking.outage_s", self.outage_s, 0)
         if not self.experiment or len(self.experiment) > EXPERIMENT_NAME_MAX:
             raise ConfigError(
                 f"tracking.experiment={self.experiment!r} ({len(self.experiment or '')} characters): give a name of 1 to "

@@ -16,7 +16,9 @@ from typing import Any
 
 from orchestrator.common.signals import Deferring
 from orchestrator.plan.config import TrackingCfg
+from orchestrator.record.journal import Journal, Sender
 from orchestrator.record.store import (
+    RAY_JOB_ENV,
     check_artifact_root,
     check_outlives_job,
     check_reachable,
@@ -69,6 +71,45 @@ def existing_runs(cfg: TrackingCfg) -> dict[str, list[str]]:
     return found
 
 
+def journal_path(cfg: TrackingCfg) -> Path:
+    """This sweep's journal of writes to a server: in tracking.journal_dir, else .phasesweep_journal
+    here, or in the system temp folder when here is a Ray job's working folder (deleted after it)."""
+    import tempfile
+
+    if cfg.journal_dir:
+        folder = Path(cfg.journal_dir).expanduser()
+    elif RAY_JOB_ENV in os.environ:
+        folder = Path(tempfile.gettempdir()) / f"phasesweep-journal-{os.getuid()}"
+    else:
+        folder = Path.cwd() / ".phasesweep_journal"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return folder.resolve() / f"sweep-{stamp}-{os.getpid()}.jsonl"
+
+
+def apply(client: Any, op: str, args: list[Any]) -> None:
+    """One journaled write (orchestrator/record/journal.py) on an MLflow client."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    if op == "log":
+        run_id, m, p, t = args
+        client.log_batch(
+            run_id,
+            metrics=[Metric(k, v, ts, 0) for k, v, ts in m],
+            params=[Param(k, v) for k, v in p],
+            tags=[RunTag(k, v) for k, v in t],
+        )
+    elif op == "artifact":
+        client.log_artifact(*args)
+    elif op == "end":
+        client.set_terminated(args[0], status=args[1])
+    elif op == "text":
+        client.log_text(*args)
+    elif op == "table":
+        client.log_table(args[0], data=args[1], artifact_file=args[2])
+    else:
+        raise ValueError(f"unknown journal entry {op!r}")
+
+
 class Tracker:
     """The sweep's tracking store. Its checks run when it is made. With `background` and a local
     store, the connection (MLflow's import, opening or making the store: seconds) runs in a
@@ -82,6 +123,10 @@ class Tracker:
         self.uri = resolve_uri(cfg)
         check_reachable(self.uri)
         root = check_artifact_root(cfg)
+        self.sender: Sender | None = None  # a server's writes go through a journal on disk
+        if is_server(self.uri):
+            self.sender = Sender(Journal(journal_path(cfg), self.uri), self.uri, cfg.outage_s, self._apply)
+        self._artifact_uris: dict[str, str] = {}
         self._client: Any = None
         self._experiment_id: str | None = None
         self._error: BaseException | None = None
@@ -183,25 +228,36 @@ class Tracker:
         tags: dict[str, Any] | None = None,
     ) -> None:
         """Everything in as few calls as MLflow's batch limits allow."""
-        from mlflow.entities import Metric, Param, RunTag
 
         now = int(time.time() * 1000)
-        m = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if v is not None]
-        p = [Param(k, str(v)[:MAX_TAG]) for k, v in (params or {}).items()]
-        t = [RunTag(k, str(v)[:MAX_TAG]) for k, v in (tags or {}).items()]
+        m = [(k, float(v), now) for k, v in (metrics or {}).items() if v is not None]
+        p = [(k, str(v)[:MAX_TAG]) for k, v in (params or {}).items()]
+        t = [(k, str(v)[:MAX_TAG]) for k, v in (tags or {}).items()]
         while m or p or t:
-            self.client.log_batch(run_id, metrics=m[:MAX_METRICS], params=p[:MAX_PARAMS], tags=t[:MAX_PARAMS])
+            self._write("log", run_id, m[:MAX_METRICS], p[:MAX_PARAMS], t[:MAX_PARAMS])
             m, p, t = m[MAX_METRICS:], p[MAX_PARAMS:], t[MAX_PARAMS:]
 
     def artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(run_id, str(path), artifact_path)
+        self._write("artifact", run_id, str(Path(path).resolve()), artifact_path)
 
     def artifact_uri(self, run_id: str) -> str:
         """Where a run's artifacts are stored (runs:/ URIs do not reach across runs in the UI)."""
-        return self.client.get_run(run_id).info.artifact_uri
+        if run_id not in self._artifact_uris:
+            self._artifact_uris[run_id] = self.client.get_run(run_id).info.artifact_uri
+        return self._artifact_uris[run_id]
 
     def end(self, run_id: str, status: str) -> None:
-        self.client.set_terminated(run_id, status=status)
+        self._write("end", run_id, status)
+
+    def _write(self, op: str, *args: Any) -> None:
+        """A write to the store: straight to a local one; through the journal to a server."""
+        if self.sender is None:
+            self._apply(op, list(args))
+        else:
+            self.sender.send(op, list(args))
+
+    def _apply(self, op: str, args: list[Any]) -> None:
+        apply(self.client, op, args)
 
     # -- the sweep's runs ----------------------------------------------------------------
     def start_sweep(self, name: str, params: dict[str, Any], tags: dict[str, Any]) -> str:
@@ -223,16 +279,16 @@ class Tracker:
         return run_id
 
     def log_dict(self, run_id: str, obj: Any, name: str, indent: int | None = 1) -> None:
-        self.client.log_text(run_id, json.dumps(obj, indent=indent, default=str), name)
+        self.log_text(run_id, json.dumps(obj, indent=indent, default=str), name)
 
     def log_table(self, run_id: str, rows: list[dict[str, Any]], name: str) -> None:
         """Rows as an MLflow table (the UI's artifact view shows it as one), every cell text."""
         if rows:
             columns = {c: [str(r.get(c, "")) for r in rows] for c in rows[0]}
-            self.client.log_table(run_id, data=columns, artifact_file=name)
+            self._write("table", run_id, columns, name)
 
     def log_text(self, run_id: str, text: str, name: str) -> None:
-        self.client.log_text(run_id, text, name)
+        self._write("text", run_id, text, name)
 
     def log_failure(self, run_id: str, stage: str, error: str, traceback: str) -> None:
         self.log(run_id, tags={"status": "failed", "failure_stage": stage, "error": error})
