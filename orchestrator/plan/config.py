@@ -8,17 +8,17 @@ key, the value and what is allowed. Identical errors of many jobs are reported o
 
 from __future__ import annotations
 
-import json
+import math
 import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from tasks.export import format_module
+from tasks.model.checkpoint import read_checkpoint
 from tasks.model.families import FAMILIES, model_dims
 from tasks.phases import phase_module
 from tasks.runtimes import profiled_runtimes, runtime_module
@@ -57,20 +57,26 @@ class ModelCfg:
         choice("model.kv_cache", self.kv_cache, KV_CACHES)
         choice("model.attention", self.attention, ATTENTIONS)
 
-    def architecture(self) -> dict[str, Any]:
-        """The transformers config: the size preset's, or the checkpoint's config.json."""
-        if not self.checkpoint:
-            return dict(self.sizes[self.size])
-        path = Path(self.checkpoint).expanduser() / "config.json"
-        try:
-            return json.loads(path.read_text())
-        except OSError as e:
-            raise ConfigError(
-                f"model.checkpoint={self.checkpoint!r}: cannot read {path} ({e.strerror or e}); "
-                "expected a local Hugging Face model directory (save_pretrained output)"
-            ) from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"model.checkpoint={self.checkpoint!r}: {path} is not valid JSON ({e})") from None
+    def architecture(self, chosen: str | None = None, named: bool = False) -> tuple[dict[str, Any], int | None]:
+        """The transformers config, the size preset's or the checkpoint's config.json, and a
+        checkpoint's exact parameter count (from its tensors' shapes; None for a preset). A
+        checkpoint (tasks.model.checkpoint: every rule, before any work) sets the family and,
+        unless `named` (model.name given), the name; `chosen`: the command line's `model=`
+        option, refused when its family is not the checkpoint's."""
+        if self.checkpoint is None:
+            return dict(self.sizes[self.size]), None
+        ckpt = read_checkpoint(self.checkpoint)
+        if ckpt.family != self.family:
+            if chosen is not None:
+                raise ConfigError(
+                    f"model={chosen} (family {self.family}) and model.checkpoint={self.checkpoint!r} (family "
+                    f"{ckpt.family}, config.json model_type={ckpt.config['model_type']!r}) disagree; leave model= out "
+                    "and the checkpoint chooses"
+                )
+            self.family = ckpt.family
+        if not named:
+            self.name = ckpt.name
+        return ckpt.config, sum(math.prod(shape) for shape in ckpt.shapes.values())
 
 
 @dataclass
@@ -183,6 +189,7 @@ class SweepPoint:
     tracking: TrackingCfg
     cluster: ClusterCfg
     arch: dict[str, Any] = field(default_factory=dict)
+    parameters: int | None = None  # a checkpoint's, counted from its tensors; None: estimated from arch
 
 
 _SCHEMAS = {
@@ -262,11 +269,11 @@ class _Validator:
     checks once per (phase, model) pair. Outcomes (objects or ConfigErrors) are kept, so a
     job raises exactly what validate() of its whole config raises, in the same order."""
 
-    def __init__(self, sections: Sections):
-        self.sections = sections
+    def __init__(self, sections: Sections, overrides: Sequence[Sequence[str]] | None = None):
+        self.sections, self.overrides = sections, overrides
         self.converted: dict[Hashable, Any] = {}  # section key -> dataclass | ConfigError
         self.checked: dict[Hashable, ConfigError | None] = {}
-        self.models: dict[Hashable, tuple[dict[str, Any], dict[str, int]] | ConfigError] = {}  # arch, dims
+        self.models: dict[Hashable, _Model | ConfigError] = {}  # model key -> its architecture
         self.phases: dict[tuple[Hashable, Hashable], PhaseSpec | ConfigError] = {}
 
     @staticmethod
@@ -282,6 +289,8 @@ class _Validator:
         if unknown:
             raise ConfigError(f"unknown top-level key(s) {', '.join(unknown)}; allowed: {', '.join(_SCHEMAS)}")
         keys = dict(zip(_SCHEMAS, self.sections.section_keys(idx, tuple(_SCHEMAS)), strict=True))
+        chosen, named = _model_choice(self.overrides[idx] if self.overrides is not None else ())
+        keys["model"] = (keys["model"], chosen, named)  # a checkpoint's family and name depend on them
         parts = {}
         for key in _SCHEMAS:
             if keys[key] not in self.converted:
@@ -297,6 +306,10 @@ class _Validator:
             if self.checked[keys[key]] is not None:
                 raise self.checked[keys[key]]
         point = SweepPoint(**parts)
+        if keys["model"] not in self.models:  # a checkpoint's every problem, before the phase's
+            self.models[keys["model"]] = self._outcome(lambda: _architecture(point.model, chosen, named))
+        if isinstance(self.models[keys["model"]], ConfigError):
+            raise self.models[keys["model"]]
         if point.bench.profile and not hasattr(runtime_module(point.backend.runtime), "PROFILER"):
             raise ConfigError(
                 f"bench.profile=true: backend.runtime={point.backend.runtime!r} has no profiler (no PROFILER in "
@@ -308,34 +321,46 @@ class _Validator:
         if isinstance(self.phases[pair], ConfigError):
             raise self.phases[pair]
         point.phase = self.phases[pair]
-        point.arch = self.models[keys["model"]][0]
+        point.arch, _, point.parameters = self.models[keys["model"]]
         return point
 
     def _phase(self, point: SweepPoint, key: Hashable) -> PhaseSpec:
         phase = phase_module(point.phase.name)
         spec = phase.normalize(point.phase, point.model.kv_cache)
         phase.check(spec)  # what the config alone decides ...
-        if key not in self.models:
-            self.models[key] = self._outcome(lambda: _architecture(point.model))
-        model = self.models[key]
-        if isinstance(model, ConfigError):
-            raise model
-        phase.check(spec, model[1])  # ... and against the model's dimensions
+        phase.check(spec, self.models[key][1])  # ... and against the model's dimensions
         return spec
 
 
-def _architecture(model: ModelCfg) -> tuple[dict[str, Any], dict[str, int]]:
-    arch = model.architecture()
+def _model_choice(overrides: Sequence[str]) -> tuple[str | None, bool]:
+    """(the `model=` option the command line chose, or None; whether it set model.name)."""
+    chosen, named = None, False
+    for line in overrides:
+        key, _, value = line.partition("=")
+        key = key.lstrip("+~")
+        chosen = value if key == "model" else chosen
+        named = named or key == "model.name"
+    return chosen, named
+
+
+_Model = tuple[dict[str, Any], dict[str, int], int | None]  # arch, dims, a checkpoint's parameters
+
+
+def _architecture(model: ModelCfg, chosen: str | None, named: bool) -> _Model:
+    arch, parameters = model.architecture(chosen, named)
     try:
         dims = model_dims(model.family, arch)
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"model.checkpoint={model.checkpoint!r}: config.json lacks {e}") from None
-    return arch, dims
+    return arch, dims, parameters
 
 
-def validate(cfg: DictConfig) -> SweepPoint:
-    """The composed config as checked dataclasses, or a ConfigError."""
-    return _Validator(_Each([cfg])).point(0)
+def validate(cfg: DictConfig, overrides: Sequence[str] | None = None) -> SweepPoint:
+    """The composed config as checked dataclasses, or a ConfigError. `overrides`: the command
+    line's (by default, those Hydra recorded in the config, if any)."""
+    if overrides is None and "hydra" in cfg:
+        overrides = list(cfg.hydra.overrides.task)
+    return _Validator(_Each([cfg]), [overrides or ()]).point(0)
 
 
 def validate_all(configs: Sequence[DictConfig], overrides: list[list[str]]) -> list[SweepPoint]:
@@ -343,7 +368,7 @@ def validate_all(configs: Sequence[DictConfig], overrides: list[list[str]]) -> l
     it affects (a 1,000-job grid with one bad value prints one line, not 1,000). Configs
     that can be read by group (orchestrator.plan.compose.JobConfigs) are validated once per
     distinct group content: the points share those groups' (never changed) objects."""
-    validator = _Validator(configs if hasattr(configs, "section_keys") else _Each(configs))  # type: ignore[arg-type]
+    validator = _Validator(configs if hasattr(configs, "section_keys") else _Each(configs), overrides)  # type: ignore[arg-type]
     points: list[SweepPoint] = []
     errors: dict[str, list[int]] = {}
     for idx in range(len(configs)):

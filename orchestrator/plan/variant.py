@@ -168,7 +168,7 @@ class Variant:
             kv_cache=m.kv_cache,
             attention=m.attention,
         )
-        weight_bytes = estimated_parameters(point.arch) * DTYPE_BYTES[m.dtype]
+        weight_bytes = (point.parameters or estimated_parameters(point.arch)) * DTYPE_BYTES[m.dtype]
         if memo is not None:
             memo.models[id(m)] = (m, model, weight_bytes)
         return cls(model, point.phase, point.backend, point.device, point.bench, tuple(overrides), weight_bytes)
