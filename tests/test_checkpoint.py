@@ -93,6 +93,7 @@ BROKEN = {
     ),
     "garbage": (lambda d: (d / "model.safetensors").write_bytes(b"\xff" * 64), "not a readable safetensors file"),
     "moe": (lambda d: edit_config(d, num_local_experts=8), "num_local_experts=8: mixture-of-experts"),
+    "quantized": (lambda d: edit_config(d, quantization_config={"quant_method": "gptq"}), "quant_method='gptq'"),
     "multimodal": (lambda d: edit_config(d, vision_config={"hidden_size": 8}), "multimodal models are not supported"),
     "unknown-family": (
         lambda d: edit_config(d, model_type="starcoder2", architectures=["Starcoder2ForCausalLM"]),

@@ -69,6 +69,10 @@ def read_checkpoint(path: str | None) -> Checkpoint:
         families.check_architecture(config)
     except ValueError as e:
         raise refuse(str(e)) from None
+    if config.get("quantization_config"):
+        quant = config["quantization_config"]
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+        raise refuse(f"{CONFIG} has a quantization_config (quant_method={method!r}); load full-precision weights")
     shapes, weight_bytes = _weights(root, refuse)
     _check_shapes(family, config, shapes, refuse)
     return Checkpoint(root, config, family, shapes, weight_bytes)
