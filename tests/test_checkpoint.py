@@ -164,6 +164,8 @@ def test_a_chosen_model_of_another_family_is_refused(saved, tmp_path, sweep_in_t
     line = refused(sweep_in_tmp, tmp_path, "model=phi3", f"model.checkpoint={saved['tiny-llama']}")
     assert line.startswith("model=phi3 (family phi3) and model.checkpoint=") and "(family llama" in line, line
     assert "leave model= out" in line
+    line = refused(sweep_in_tmp, tmp_path, "model.family=phi3", f"model.checkpoint={saved['tiny-llama']}")
+    assert line.startswith("model.family=phi3 (family phi3) and model.checkpoint="), line
 
 
 def test_the_checkpoint_chooses_the_family_and_names_the_variants(saved):

@@ -61,15 +61,15 @@ class ModelCfg:
         """The transformers config, the size preset's or the checkpoint's config.json, and a
         checkpoint's exact parameter count (from its tensors' shapes; None for a preset). A
         checkpoint (tasks.model.checkpoint: every rule, before any work) sets the family and,
-        unless `named` (model.name given), the name; `chosen`: the command line's `model=`
-        option, refused when its family is not the checkpoint's."""
+        unless `named` (model.name given), the name; `chosen`: the command line's `model=` or
+        `model.family=`, refused when its family is not the checkpoint's."""
         if self.checkpoint is None:
             return dict(self.sizes[self.size]), None
         ckpt = read_checkpoint(self.checkpoint)
         if ckpt.family != self.family:
             if chosen is not None:
                 raise ConfigError(
-                    f"model={chosen} (family {self.family}) and model.checkpoint={self.checkpoint!r} (family "
+                    f"{chosen} (family {self.family}) and model.checkpoint={self.checkpoint!r} (family "
                     f"{ckpt.family}, config.json model_type={ckpt.config['model_type']!r}) disagree; leave model= out "
                     "and the checkpoint chooses"
                 )
@@ -333,12 +333,12 @@ class _Validator:
 
 
 def _model_choice(overrides: Sequence[str]) -> tuple[str | None, bool]:
-    """(the `model=` option the command line chose, or None; whether it set model.name)."""
+    """(the command line's `model=` or `model.family=` override, or None; whether it set model.name)."""
     chosen, named = None, False
     for line in overrides:
         key, _, value = line.partition("=")
         key = key.lstrip("+~")
-        chosen = value if key == "model" else chosen
+        chosen = f"{key}={value}" if key in ("model", "model.family") else chosen
         named = named or key == "model.name"
     return chosen, named
 
