@@ -16,7 +16,7 @@ from tasks.phases import label
 from tasks.runtimes import runtime_module
 from tasks.specs import DTYPE_BYTES, BenchOptions, ModelSpec, PhaseSpec
 
-TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks"
+TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"  # orchestrator/plan/variant.py -> the repository's tasks/
 
 
 @cache
