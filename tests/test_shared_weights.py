@@ -140,3 +140,16 @@ def test_a_models_prefill_and_decode_exports_share_their_weights(tmp_path, monke
     assert all(r.ok for r in results), [r.failure for r in results]
     prefill, decode = (Path(r.out_dir) / "model.onnx.data" for r in results)
     assert prefill.samefile(decode) and prefill.stat().st_nlink == 3  # two entries and the shared name
+
+
+def test_a_node_receiving_a_models_entries_keeps_its_weights_once(tmp_path, monkeypatch):
+    from tasks.worker.transfer import localise, pack
+
+    monkeypatch.setattr(entries, "SHARE_BYTES", 1000)
+    weights = os.urandom(4096)
+    made = [sealed(tmp_path / "made" / name, weights, name.encode()) for name in ("m_prefill", "m_decode")]
+    there = [tmp_path / "node" / entry.name for entry in made]
+    for entry, dest in zip(made, there, strict=True):
+        assert localise(dest, pack(entry)) == "fetched"
+    assert (there[0] / "model.onnx.data").samefile(there[1] / "model.onnx.data")
+    assert all(verify_entry(dest) is None for dest in there)
