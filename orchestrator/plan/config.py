@@ -367,7 +367,8 @@ def validate_all(configs: Sequence[DictConfig], overrides: list[list[str]]) -> l
     """Every job validated; all errors at once, each distinct message once with the jobs
     it affects (a 1,000-job grid with one bad value prints one line, not 1,000). Configs
     that can be read by group (orchestrator.plan.compose.JobConfigs) are validated once per
-    distinct group content: the points share those groups' (never changed) objects."""
+    distinct group content: the points share those groups' objects (never changed once
+    validated; a checkpoint sets its model's family and name while it is)."""
     validator = _Validator(configs if hasattr(configs, "section_keys") else _Each(configs), overrides)  # type: ignore[arg-type]
     points: list[SweepPoint] = []
     errors: dict[str, list[int]] = {}
