@@ -209,3 +209,14 @@ def test_checkpoints_in_folders_of_one_name_get_names_of_their_own(saved, tmp_pa
     b = shutil.copytree(saved["tiny-phi3"], tmp_path / "b" / "model")
     names = [pv.name for pv in plan_jobs([f"model.checkpoint={a}"], [f"model.checkpoint={b}"]).variants]
     assert len(set(names)) == 2 and all(n.startswith("model_prefill_onnxruntime_cpu_ckpt-model-") for n in names), names
+
+
+def test_an_unreadable_weights_file_is_one_line(saved, monkeypatch):
+    from tasks.model import checkpoint
+
+    def unreadable(path, refuse):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(checkpoint, "_header", unreadable)
+    with pytest.raises(ConfigError, match=r"cannot read .*model.safetensors \(Permission denied\)"):
+        read_checkpoint(str(saved["tiny-llama"]))

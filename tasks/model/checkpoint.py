@@ -73,7 +73,10 @@ def read_checkpoint(path: str | None) -> Checkpoint:
         quant = config["quantization_config"]
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
         raise refuse(f"{CONFIG} has a quantization_config (quant_method={method!r}); load full-precision weights")
-    shapes, weight_bytes = _weights(root, refuse)
+    try:
+        shapes, weight_bytes = _weights(root, refuse)
+    except OSError as e:  # a folder or file this user cannot read
+        raise refuse(f"cannot read {e.filename or root} ({e.strerror or e})") from None
     _check_shapes(family, config, shapes, refuse)
     return Checkpoint(root, config, family, shapes, weight_bytes)
 
