@@ -37,7 +37,6 @@ class Checkpoint:
     config: dict[str, Any]  # its config.json
     family: str  # the model.family of its model_type
     shapes: dict[str, list[int]]  # tensor name -> shape, from the safetensors headers
-    weight_bytes: int  # the tensors' bytes, as the headers give them
 
     @property
     def name(self) -> str:
@@ -74,11 +73,11 @@ def read_checkpoint(path: str | None) -> Checkpoint:
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
         raise refuse(f"{CONFIG} has a quantization_config (quant_method={method!r}); load full-precision weights")
     try:
-        shapes, weight_bytes = _weights(root, refuse)
+        shapes = _weights(root, refuse)
     except OSError as e:  # a folder or file this user cannot read
         raise refuse(f"cannot read {e.filename or root} ({e.strerror or e})") from None
     _check_shapes(family, config, shapes, refuse)
-    return Checkpoint(root, config, family, shapes, weight_bytes)
+    return Checkpoint(root, config, family, shapes)
 
 
 def _config(root: Path, refuse) -> dict[str, Any]:
@@ -97,7 +96,7 @@ def _config(root: Path, refuse) -> dict[str, Any]:
     return config
 
 
-def _weights(root: Path, refuse) -> tuple[dict[str, list[int]], int]:
+def _weights(root: Path, refuse) -> dict[str, list[int]]:
     """Tensor name -> shape over the files transformers would load: the index's shards, or model.safetensors."""
     if (root / INDEX).is_file():
         try:
@@ -118,23 +117,21 @@ def _weights(root: Path, refuse) -> tuple[dict[str, list[int]], int]:
         hint = f" (found {', '.join(pickles[:3])}: pickle weights are never loaded)" if pickles else ""
         raise refuse(f"no *.safetensors weights{hint}")
     shapes: dict[str, list[int]] = {}
-    total = 0
     for name in files:
-        header, data_bytes = _header(root / name, refuse)
+        header = _header(root / name, refuse)
         for tensor, info in header.items():
             if tensor == "__metadata__":
                 continue
             shapes[tensor] = info["shape"]
-            total += info["data_offsets"][1] - info["data_offsets"][0]
         if weight_map is not None:
             absent = [t for t, f in weight_map.items() if f == name and t not in header]
             if absent:
                 raise refuse(f"{INDEX} puts {absent[0]} in {name}, which does not hold it")
-    return shapes, total
+    return shapes
 
 
-def _header(path: Path, refuse) -> tuple[dict[str, Any], int]:
-    """A safetensors file's header, checked against the file's size; (header, data bytes)."""
+def _header(path: Path, refuse) -> dict[str, Any]:
+    """A safetensors file's header, checked against the file's size."""
     size = path.stat().st_size
     try:
         with path.open("rb") as f:
@@ -159,7 +156,7 @@ def _header(path: Path, refuse) -> tuple[dict[str, Any], int]:
         raise refuse(f"{path.name} is not a readable safetensors file ({e})") from None
     if 8 + length + end > size:
         raise refuse(f"{path.name} is truncated: its header needs {8 + length + end} bytes, the file has {size}")
-    return header, end
+    return header
 
 
 def _check_shapes(family: str, config: dict[str, Any], shapes: dict[str, list[int]], refuse) -> None:
