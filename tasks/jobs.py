@@ -27,6 +27,7 @@ from tasks.worker.entries import (
     clean_dead_temporaries,
     load_export,
     result_from_meta,
+    share_files,
     verify_entry,
     write_manifest,
 )
@@ -104,6 +105,7 @@ def export_job(spec: ExportSpec) -> ExportResult:
         }
         (tmp / META).write_text(json.dumps(meta, indent=1))
         write_manifest(tmp)
+        share_files(tmp)  # a model's weights once in the cache, however many of its graphs hold them
         del model, graph, data
         _release_memory()  # the worker lives on: give a large model's memory back to the OS
         try:

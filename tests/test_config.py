@@ -238,15 +238,30 @@ def test_checkpoint_without_config_json_names_model_checkpoint(hydra_compose, tm
     assert text.startswith(f"model.checkpoint='{tmp_path}'") and "config.json" in text
 
 
+def write_checkpoint(folder, config: dict) -> None:
+    """A llama checkpoint with the standard library: config.json and zero weights of the right shapes."""
+    h, layers = config["hidden_size"], config["num_hidden_layers"]
+    shapes = {"model.embed_tokens.weight": [config["vocab_size"], h]}
+    for i in range(layers):
+        shapes |= {f"model.layers.{i}.self_attn.{p}_proj.weight": [h, h] for p in "qkvo"}
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + 4 * shape[0] * shape[1]]}
+        offset = header[name]["data_offsets"][1]
+    text = json.dumps(header).encode()
+    (folder / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + bytes(offset))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", **config}))
+
+
 def test_checkpoint_config_is_checked_against_the_phase(hydra_compose, tmp_path):
     """A checkpoint's own config.json sizes the phase check (and missing keys fall back to
     the family's transformers defaults)."""
     arch = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 512}
-    (tmp_path / "config.json").write_text(json.dumps({**arch, "max_position_embeddings": 256}))
+    write_checkpoint(tmp_path, {**arch, "max_position_embeddings": 256})
     point = validate(hydra_compose(f"model.checkpoint={tmp_path}", "phase.prompt_len=256"))
     assert point.arch["max_position_embeddings"] == 256
     with pytest.raises(ConfigError, match="phase.prompt_len=257 exceeds the model's max_position_embeddings=256"):
         validate(hydra_compose(f"model.checkpoint={tmp_path}", "phase.prompt_len=257"))
-    (tmp_path / "config.json").write_text(json.dumps(arch))  # LlamaConfig's default: 2048 positions
+    write_checkpoint(tmp_path, arch)  # LlamaConfig's default: 2048 positions
     with pytest.raises(ConfigError, match="max_position_embeddings=2048"):
         validate(hydra_compose(f"model.checkpoint={tmp_path}", "phase.prompt_len=4000"))

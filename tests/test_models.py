@@ -11,6 +11,7 @@ import yaml
 
 from tasks.model import families
 from tasks.model.models import _classes, build_model, model_dims
+from tasks.specs import ConfigError
 from tests.conftest import CONF, model_spec
 
 
@@ -50,13 +51,15 @@ def test_checkpoint_loads_the_saved_weights(tmp_path, name):
 def test_checkpoint_without_safetensors_is_refused(tmp_path):
     build_model(model_spec("llama")).config.save_pretrained(tmp_path)
     (tmp_path / "pytorch_model.bin").write_bytes(b"pickle")
-    with pytest.raises(FileNotFoundError, match=r"no \*.safetensors weights \(found pytorch_model.bin: pickle"):
+    with pytest.raises(ConfigError, match=r"no \*.safetensors weights \(found pytorch_model.bin: pickle"):
         build_model(model_spec("llama", checkpoint=str(tmp_path)))
 
 
 def test_missing_checkpoint_names_the_key(tmp_path):
-    with pytest.raises(FileNotFoundError, match="model.checkpoint=.*no config.json"):
+    with pytest.raises(ConfigError, match="model.checkpoint=.*no such folder"):
         build_model(model_spec("llama", checkpoint=str(tmp_path / "nope")))
+    with pytest.raises(ConfigError, match="model.checkpoint=.*no config.json"):
+        build_model(model_spec("llama", checkpoint=str(tmp_path)))
 
 
 @pytest.mark.parametrize("name,size,params", [("llama", "1b", 1_235_814_400), ("phi3", "mini", 3_821_079_552)])

@@ -16,7 +16,7 @@ from orchestrator.plan.config import ConfigError, validate_all
 from orchestrator.plan.placement import Capacity
 from orchestrator.plan.planner import make_plan
 from tasks.phases import decode
-from tests.conftest import CONF
+from tests.conftest import CONF, ROOT
 
 GiB = 2**30
 CAPACITY = Capacity(cpus=2, total_cpus=2, bench_slots=1, gpus=0, memory=8 * GiB)
@@ -335,3 +335,22 @@ def test_a_skipped_dtype_twin_gets_its_own_name_and_equal_skipped_work_is_one():
     ]
     assert all("bfloat16" in s.reason for s in plan.skipped)
     assert not set(names(plan)) & {s.name for s in plan.skipped}
+
+
+def test_export_keys_cover_the_tasks_source(tmp_path, monkeypatch):
+    """The export key hashes every file of tasks/ (a change there is a new export), not an empty folder."""
+    from orchestrator.plan import variant
+
+    assert variant.TASKS_DIR == ROOT / "tasks" and any(variant.TASKS_DIR.rglob("*.py"))
+    here = variant._tasks_source_hash()
+    copy = tmp_path / "tasks"
+    for path in variant.TASKS_DIR.rglob("*.py"):
+        (copy / path.relative_to(variant.TASKS_DIR)).parent.mkdir(parents=True, exist_ok=True)
+        (copy / path.relative_to(variant.TASKS_DIR)).write_bytes(path.read_bytes())
+    monkeypatch.setattr(variant, "TASKS_DIR", copy)
+    variant._tasks_source_hash.cache_clear()
+    assert variant._tasks_source_hash() == here
+    (copy / "jobs.py").write_text((copy / "jobs.py").read_text() + "\n# changed\n")
+    variant._tasks_source_hash.cache_clear()
+    assert variant._tasks_source_hash() != here
+    variant._tasks_source_hash.cache_clear()

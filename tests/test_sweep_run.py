@@ -100,7 +100,7 @@ class FakeTracker:
     def log_table(self, run_id, rows, name):
         self._open(run_id).files[name] = rows
 
-    def artifact(self, run_id, path, artifact_path=None):
+    def artifact(self, run_id, path, artifact_path=None, link=False):
         assert Path(path).is_file()
         self._open(run_id).artifacts.append((Path(path).name, artifact_path))
 

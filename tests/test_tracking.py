@@ -21,3 +21,41 @@ def test_a_new_folder_gets_a_working_store_made_by_mlflow(tmp_path, monkeypatch)
     run = tracker.client.create_run(tracker.experiment_id)
     tracker.client.log_param(run.info.run_id, "p", "1")
     assert tracker.client.get_run(run.info.run_id).data.params == {"p": "1"}
+
+
+def test_an_export_is_linked_into_a_local_artifact_store_not_copied(tmp_path, monkeypatch):
+    """A sealed export's files reach MLflow's local artifact folder as hard links (one copy on
+    disk), which MLflow lists and hands back as its own; without hard links, a copy."""
+    import errno
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    tracker = Tracker(TrackingCfg(), background=True).connected()
+    run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
+    entry = tmp_path / "cache" / "entry"
+    entry.mkdir(parents=True)
+    (entry / "model.onnx.data").write_bytes(b"weights" * 1000)
+    tracker.artifact(run_id, entry / "model.onnx.data", "exports/entry", link=True)
+    stored = tmp_path / "mlartifacts" / run_id / "artifacts" / "exports" / "entry" / "model.onnx.data"
+    assert stored.samefile(entry / "model.onnx.data") and os.stat(stored).st_nlink == 2
+    assert [a.path for a in tracker.client.list_artifacts(run_id, "exports/entry")] == ["exports/entry/model.onnx.data"]
+    got = Path(tracker.client.download_artifacts(run_id, "exports/entry/model.onnx.data", str(tmp_path / "dl")))
+    assert got.read_bytes() == b"weights" * 1000
+
+    def no_links(src, dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_links)
+    (entry / "model.onnx").write_bytes(b"graph")
+    tracker.artifact(run_id, entry / "model.onnx", "exports/entry", link=True)
+    copied = stored.parent / "model.onnx"
+    assert copied.read_bytes() == b"graph" and not copied.samefile(entry / "model.onnx")
+
+
+def test_only_a_local_artifact_store_is_linked_into():
+    from orchestrator.record.tracking import local_folder
+
+    assert local_folder("file:///data/mlartifacts/1/abc/artifacts") == Path("/data/mlartifacts/1/abc/artifacts")
+    assert local_folder("/data/mlruns/0/abc/artifacts") == Path("/data/mlruns/0/abc/artifacts")
+    for remote in ("mlflow-artifacts:/1/abc/artifacts", "s3://bucket/1/abc", "file://otherhost/x", "http://h/x"):
+        assert local_folder(remote) is None, remote

@@ -8,18 +8,17 @@ key, the value and what is allowed. Identical errors of many jobs are reported o
 
 from __future__ import annotations
 
-import json
-import os
-import re
+import math
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from pathlib import Path
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from orchestrator.plan.checks import EXPERIMENT_NAME_MAX, check_bench, safe_name, typed
 from tasks.export import format_module
+from tasks.model.checkpoint import read_checkpoint
 from tasks.model.families import FAMILIES, model_dims
 from tasks.phases import phase_module
 from tasks.runtimes import profiled_runtimes, runtime_module
@@ -58,20 +57,26 @@ class ModelCfg:
         choice("model.kv_cache", self.kv_cache, KV_CACHES)
         choice("model.attention", self.attention, ATTENTIONS)
 
-    def architecture(self) -> dict[str, Any]:
-        """The transformers config: the size preset's, or the checkpoint's config.json."""
-        if not self.checkpoint:
-            return dict(self.sizes[self.size])
-        path = Path(self.checkpoint).expanduser() / "config.json"
-        try:
-            return json.loads(path.read_text())
-        except OSError as e:
-            raise ConfigError(
-                f"model.checkpoint={self.checkpoint!r}: cannot read {path} ({e.strerror or e}); "
-                "expected a local Hugging Face model directory (save_pretrained output)"
-            ) from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"model.checkpoint={self.checkpoint!r}: {path} is not valid JSON ({e})") from None
+    def architecture(self, chosen: str | None = None, named: bool = False) -> tuple[dict[str, Any], int | None]:
+        """The transformers config, the size preset's or the checkpoint's config.json, and a
+        checkpoint's exact parameter count (from its tensors' shapes; None for a preset). A
+        checkpoint (tasks.model.checkpoint: every rule, before any work) sets the family and,
+        unless `named` (model.name given), the name; `chosen`: the command line's `model=` or
+        `model.family=`, refused when its family is not the checkpoint's."""
+        if self.checkpoint is None:
+            return dict(self.sizes[self.size]), None
+        ckpt = read_checkpoint(self.checkpoint)
+        if ckpt.family != self.family:
+            if chosen is not None:
+                raise ConfigError(
+                    f"{chosen} (family {self.family}) and model.checkpoint={self.checkpoint!r} (family "
+                    f"{ckpt.family}, config.json model_type={ckpt.config['model_type']!r}) disagree; leave model= out "
+                    "and the checkpoint chooses"
+                )
+            self.family = ckpt.family
+        if not named:
+            self.name = ckpt.name
+        return ckpt.config, sum(math.prod(shape) for shape in ckpt.shapes.values())
 
 
 @dataclass
@@ -91,35 +96,6 @@ class BackendCfg:
         fmt, rt = format_module(self.export_format), runtime_module(self.runtime)
         self.export_options = typed("backend.export_options", fmt.Options, self.export_options)
         self.options = typed("backend.options", rt.Options, self.options)
-
-
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}")
-
-
-def safe_name(key: str, value: str) -> None:
-    """Names reach run names and file paths: letters, digits, `_ . -`, at most 48, no `..`."""
-    if not isinstance(value, str) or not NAME.fullmatch(value) or ".." in value:
-        raise ConfigError(
-            f"{key}={value!r} is not a usable name: use 1 to 48 letters, digits, '_', '.' or '-', "
-            "starting with a letter or digit (it becomes part of run names and file paths)"
-        )
-
-
-def typed(key: str, schema: type, values: Any) -> dict[str, Any]:
-    """Options checked against a module's Options dataclass: unknown keys and wrong types
-    are refused with the allowed keys; its __post_init__ checks the values. Returns the
-    complete options (defaults filled in) as a plain dict."""
-    allowed = ", ".join(f.name for f in fields(schema)) or "(none)"
-    base = OmegaConf.structured(schema)
-    OmegaConf.set_readonly(base, False)
-    try:
-        merged = OmegaConf.to_container(OmegaConf.merge(base, values or {}), resolve=True)
-    except ConfigKeyError as e:
-        raise ConfigError(f"{key}.{e.key} is not a known key; allowed keys: {allowed}") from None
-    except OmegaConfBaseException as e:  # a wrong type; `values` is a plain dict (or a DictConfig)
-        value = (values or {}).get(e.key) if e.key is not None else None
-        raise ConfigError(f"{key}.{e.key}={value!r}: {str(e).splitlines()[0]}") from None
-    return asdict(schema(**merged))
 
 
 @dataclass
@@ -152,22 +128,6 @@ class TrackingCfg:
             )
 
 
-EXPERIMENT_NAME_MAX = 256  # MLflow's experiments.name column (PostgreSQL enforces it)
-
-
-def check_writable(key: str, folder: str | Path) -> Path:
-    """`folder`, made if missing and written to once, or a ConfigError naming the key."""
-    path = Path(folder).expanduser().resolve()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".phasesweep-probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"{key}={str(folder)!r} is not a writable folder ({e.strerror or e})") from None
-    return path
-
-
 @dataclass
 class ClusterCfg:
     address: str | None = None
@@ -184,17 +144,6 @@ class ClusterCfg:
         at_least("cluster.max_retries", self.max_retries, 0)
 
 
-def check_bench(b: BenchOptions) -> None:
-    for key in ("warmup_iters", "min_iters", "max_iters", "repeats"):
-        at_least(f"bench.{key}", getattr(b, key), 1)
-    for key in ("warmup_max_seconds", "min_seconds", "max_seconds", "target_ci", "unstable_iqr"):
-        at_least(f"bench.{key}", getattr(b, key), 0)
-    at_least("bench.parity_atol", b.parity_atol, 0, optional=True)
-    at_least("bench.threads", b.threads, 1, optional=True)
-    if b.min_iters > b.max_iters:
-        raise ConfigError(f"bench.min_iters={b.min_iters} exceeds bench.max_iters={b.max_iters}")
-
-
 @dataclass
 class SweepPoint:
     """One composed config, validated: what a single grid point asks for. Its phase is
@@ -208,6 +157,7 @@ class SweepPoint:
     tracking: TrackingCfg
     cluster: ClusterCfg
     arch: dict[str, Any] = field(default_factory=dict)
+    parameters: int | None = None  # a checkpoint's, counted from its tensors; None: estimated from arch
 
 
 _SCHEMAS = {
@@ -287,11 +237,11 @@ class _Validator:
     checks once per (phase, model) pair. Outcomes (objects or ConfigErrors) are kept, so a
     job raises exactly what validate() of its whole config raises, in the same order."""
 
-    def __init__(self, sections: Sections):
-        self.sections = sections
+    def __init__(self, sections: Sections, overrides: Sequence[Sequence[str]] | None = None):
+        self.sections, self.overrides = sections, overrides
         self.converted: dict[Hashable, Any] = {}  # section key -> dataclass | ConfigError
         self.checked: dict[Hashable, ConfigError | None] = {}
-        self.models: dict[Hashable, tuple[dict[str, Any], dict[str, int]] | ConfigError] = {}  # arch, dims
+        self.models: dict[Hashable, _Model | ConfigError] = {}  # model key -> its architecture
         self.phases: dict[tuple[Hashable, Hashable], PhaseSpec | ConfigError] = {}
 
     @staticmethod
@@ -307,6 +257,8 @@ class _Validator:
         if unknown:
             raise ConfigError(f"unknown top-level key(s) {', '.join(unknown)}; allowed: {', '.join(_SCHEMAS)}")
         keys = dict(zip(_SCHEMAS, self.sections.section_keys(idx, tuple(_SCHEMAS)), strict=True))
+        chosen, named = _model_choice(self.overrides[idx] if self.overrides is not None else ())
+        keys["model"] = (keys["model"], chosen, named)  # a checkpoint's family and name depend on them
         parts = {}
         for key in _SCHEMAS:
             if keys[key] not in self.converted:
@@ -322,6 +274,10 @@ class _Validator:
             if self.checked[keys[key]] is not None:
                 raise self.checked[keys[key]]
         point = SweepPoint(**parts)
+        if keys["model"] not in self.models:  # a checkpoint's every problem, before the phase's
+            self.models[keys["model"]] = self._outcome(lambda: _architecture(point.model, chosen, named))
+        if isinstance(self.models[keys["model"]], ConfigError):
+            raise self.models[keys["model"]]
         if point.bench.profile and not hasattr(runtime_module(point.backend.runtime), "PROFILER"):
             raise ConfigError(
                 f"bench.profile=true: backend.runtime={point.backend.runtime!r} has no profiler (no PROFILER in "
@@ -333,42 +289,55 @@ class _Validator:
         if isinstance(self.phases[pair], ConfigError):
             raise self.phases[pair]
         point.phase = self.phases[pair]
-        point.arch = self.models[keys["model"]][0]
+        point.arch, _, point.parameters = self.models[keys["model"]]
         return point
 
     def _phase(self, point: SweepPoint, key: Hashable) -> PhaseSpec:
         phase = phase_module(point.phase.name)
         spec = phase.normalize(point.phase, point.model.kv_cache)
         phase.check(spec)  # what the config alone decides ...
-        if key not in self.models:
-            self.models[key] = self._outcome(lambda: _architecture(point.model))
-        model = self.models[key]
-        if isinstance(model, ConfigError):
-            raise model
-        phase.check(spec, model[1])  # ... and against the model's dimensions
+        phase.check(spec, self.models[key][1])  # ... and against the model's dimensions
         return spec
 
 
-def _architecture(model: ModelCfg) -> tuple[dict[str, Any], dict[str, int]]:
-    arch = model.architecture()
+def _model_choice(overrides: Sequence[str]) -> tuple[str | None, bool]:
+    """(the command line's `model=` or `model.family=` override, or None; whether it set model.name)."""
+    chosen, named = None, False
+    for line in overrides:
+        key, _, value = line.partition("=")
+        key = key.lstrip("+~")
+        chosen = f"{key}={value}" if key in ("model", "model.family") else chosen
+        named = named or key == "model.name"
+    return chosen, named
+
+
+_Model = tuple[dict[str, Any], dict[str, int], int | None]  # arch, dims, a checkpoint's parameters
+
+
+def _architecture(model: ModelCfg, chosen: str | None, named: bool) -> _Model:
+    arch, parameters = model.architecture(chosen, named)
     try:
         dims = model_dims(model.family, arch)
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"model.checkpoint={model.checkpoint!r}: config.json lacks {e}") from None
-    return arch, dims
+    return arch, dims, parameters
 
 
-def validate(cfg: DictConfig) -> SweepPoint:
-    """The composed config as checked dataclasses, or a ConfigError."""
-    return _Validator(_Each([cfg])).point(0)
+def validate(cfg: DictConfig, overrides: Sequence[str] | None = None) -> SweepPoint:
+    """The composed config as checked dataclasses, or a ConfigError. `overrides`: the command
+    line's (by default, those Hydra recorded in the config, if any)."""
+    if overrides is None and "hydra" in cfg:
+        overrides = list(cfg.hydra.overrides.task)
+    return _Validator(_Each([cfg]), [overrides or ()]).point(0)
 
 
 def validate_all(configs: Sequence[DictConfig], overrides: list[list[str]]) -> list[SweepPoint]:
     """Every job validated; all errors at once, each distinct message once with the jobs
     it affects (a 1,000-job grid with one bad value prints one line, not 1,000). Configs
     that can be read by group (orchestrator.plan.compose.JobConfigs) are validated once per
-    distinct group content: the points share those groups' (never changed) objects."""
-    validator = _Validator(configs if hasattr(configs, "section_keys") else _Each(configs))  # type: ignore[arg-type]
+    distinct group content: the points share those groups' objects (never changed once
+    validated; a checkpoint sets its model's family and name while it is)."""
+    validator = _Validator(configs if hasattr(configs, "section_keys") else _Each(configs), overrides)  # type: ignore[arg-type]
     points: list[SweepPoint] = []
     errors: dict[str, list[int]] = {}
     for idx in range(len(configs)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
@@ -184,7 +185,10 @@ def _name_variants(variants: list[Variant], overrides: list[list[str]]) -> list[
         varying = [k for k in sorted(filter(eligible, keys)) if len({repr(v.params.get(k)) for v in members}) > 1]
         for v in members:
             suffixes[id(v)] = "".join(f"_{suffix(k, v.params[k])}" for k in varying if v.params.get(k) is not None)
-    return [v.base_name + suffixes[id(v)] for v in variants]
+    names = [v.base_name + suffixes[id(v)] for v in variants]
+    # suffixes that read alike (checkpoints in folders of one name): their params' digest tells them apart
+    counts = Counter(names)
+    return [n if counts[n] == 1 else f"{n}-{v.identity()[:6]}" for n, v in zip(names, variants, strict=True)]
 
 
 def bench_spec(name: str, v: Variant, export_dir: str) -> BenchSpec:

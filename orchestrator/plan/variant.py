@@ -16,7 +16,7 @@ from tasks.phases import label
 from tasks.runtimes import runtime_module
 from tasks.specs import DTYPE_BYTES, BenchOptions, ModelSpec, PhaseSpec
 
-TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks"
+TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"  # orchestrator/plan/variant.py -> the repository's tasks/
 
 
 @cache
@@ -174,7 +174,7 @@ class Variant:
             kv_cache=m.kv_cache,
             attention=m.attention,
         )
-        weight_bytes = estimated_parameters(point.arch) * DTYPE_BYTES[m.dtype]
+        weight_bytes = (point.parameters or estimated_parameters(point.arch)) * DTYPE_BYTES[m.dtype]
         if memo is not None:
             memo.models[id(m)] = (m, model, weight_bytes)
         return cls(model, point.phase, point.backend, point.device, point.bench, tuple(overrides), weight_bytes)

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from orchestrator.plan.config import ConfigError, TrackingCfg, check_writable
+from orchestrator.plan.checks import check_writable
+from orchestrator.plan.config import ConfigError, TrackingCfg
 
 REACH_TIMEOUT_S = 10.0
 RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in the driver of a submitted job (ray job submit)

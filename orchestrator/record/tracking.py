@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from orchestrator.common.signals import Deferring
 from orchestrator.plan.config import TrackingCfg
@@ -108,6 +110,15 @@ def apply(client: Any, op: str, args: list[Any]) -> None:
         client.log_table(args[0], data=args[1], artifact_file=args[2])
     else:
         raise ValueError(f"unknown journal entry {op!r}")
+
+
+def local_folder(uri: str) -> Path | None:
+    """The folder a local artifact URI (file:///..., or a plain absolute path) names; None for
+    any other store (an MLflow server's mlflow-artifacts:/, s3://, ...)."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        return Path(url2pathname(parsed.path))
+    return Path(uri) if not parsed.scheme and Path(uri).is_absolute() else None
 
 
 class Tracker:
@@ -237,8 +248,27 @@ class Tracker:
             self._write("log", run_id, m[:MAX_METRICS], p[:MAX_PARAMS], t[:MAX_PARAMS])
             m, p, t = m[MAX_METRICS:], p[MAX_PARAMS:], t[MAX_PARAMS:]
 
-    def artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+    def artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None, link: bool = False) -> None:
+        """A file into the run's artifacts. `link`: for a file never written again (a sealed export
+        cache entry's), a hard link where the artifact store is a local folder on the same file
+        system, so its bytes are on disk once; otherwise (a server, another file system) a copy."""
+        if link and self.sender is None and self._link(run_id, Path(path), artifact_path):
+            return
         self._write("artifact", run_id, str(Path(path).resolve()), artifact_path)
+
+    def _link(self, run_id: str, path: Path, artifact_path: str | None) -> bool:
+        root = local_folder(self.artifact_uri(run_id))
+        if root is None:
+            return False
+        dest = root.joinpath(*(artifact_path or "").split("/"), path.name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, dest)
+        except FileExistsError:
+            return dest.samefile(path)
+        except OSError:  # another file system, or one without hard links
+            return False
+        return True
 
     def artifact_uri(self, run_id: str) -> str:
         """Where a run's artifacts are stored (runs:/ URIs do not reach across runs in the UI)."""

@@ -61,8 +61,8 @@ def log_model(
         return {"model_not_logged": why}
     name = Path(export.artifact).name
     where = f"exports/{Path(planned).name}"
-    for f in sorted(folder().glob(name + "*")):  # model.onnx, model.onnx.data
-        tracker.artifact(parent, f, where)
+    for f in sorted(folder().glob(name + "*")):  # model.onnx, model.onnx.data: linked where the store allows
+        tracker.artifact(parent, f, where, link=True)
     return {"model_artifact": f"{tracker.artifact_uri(parent)}/{where}/{name}"}
 
 

@@ -21,7 +21,8 @@ from orchestrator.common.console import say
 from orchestrator.common.outcome import Outcome, Status
 from orchestrator.common.signals import deferred
 from orchestrator.plan.capture import Captures
-from orchestrator.plan.config import check_writable, validate_all
+from orchestrator.plan.checks import check_writable
+from orchestrator.plan.config import validate_all
 from orchestrator.plan.grid import grid_rules
 from orchestrator.plan.planner import Plan, make_plan
 from orchestrator.plan.variant import Variant

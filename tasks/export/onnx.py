@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.export import _genai
 from tasks.export._anatomy import summary
+from tasks.export._weights import canonical_external_data
 from tasks.specs import at_least, choice
 
 if TYPE_CHECKING:
@@ -111,7 +112,8 @@ def export(
         )
     proto = onnx.load(str(path), load_external_data=False)  # the weights stay where they are
     onnx.helper.set_model_props(proto, metadata(description))
-    onnx.save(proto, str(path))
+    if not canonical_external_data(path, proto):  # saves proto; the weights laid out by their bytes
+        onnx.save(proto, str(path))
     details = {"onnx_nodes": len(proto.graph.node), "onnx_opset": proto.opset_import[0].version}
     return path.name, details, anatomy(path)
 

@@ -128,3 +128,27 @@ def model_dims(family: str, config: dict[str, Any]) -> dict[str, int]:
         "max_positions": get("max_position_embeddings"),
         "sliding_window": get("sliding_window") or 0,  # 0: full attention
     }
+
+
+# config keys of architectures the module swap does not cover, whatever their model_type
+_UNSUPPORTED = {
+    "num_experts": "mixture-of-experts",
+    "num_local_experts": "mixture-of-experts",
+    "n_routed_experts": "mixture-of-experts",
+    "cross_attention_layers": "cross-attention",
+    "vision_config": "multimodal",
+    "audio_config": "multimodal",
+}
+
+
+def check_architecture(config: dict[str, Any]) -> None:
+    """Refuse, in one line, a config whose architecture the attention swap does not cover:
+    mixture-of-experts, cross-attention, linear attention, multimodal."""
+    for key, kind in _UNSUPPORTED.items():
+        if config.get(key):
+            raise ValueError(f"config {key}={config[key]!r}: {kind} models are not supported (dense decoders only)")
+    if config.get("is_encoder_decoder") or config.get("add_cross_attention"):
+        raise ValueError("config is_encoder_decoder/add_cross_attention: cross-attention models are not supported")
+    linear = sorted({t for t in config.get("layer_types") or () if isinstance(t, str) and "linear" in t})
+    if linear:
+        raise ValueError(f"config layer_types has {', '.join(linear)}: linear-attention layers are not supported")

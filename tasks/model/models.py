@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasks.model import families
+from tasks.model.checkpoint import read_checkpoint
 from tasks.specs import DTYPES, ModelSpec
 
 if TYPE_CHECKING:
@@ -29,18 +30,8 @@ def _classes(family: str):
 
 
 def check_checkpoint(path: str) -> Path:
-    """A checkpoint is a local Hugging Face directory with config.json and safetensors."""
-    root = Path(path).expanduser()
-    if not (root / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model.checkpoint={path!r}: no config.json there; expected a local Hugging Face "
-            "model directory (save_pretrained output)"
-        )
-    if not any(root.glob("*.safetensors")):
-        found = sorted(p.name for p in root.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".ckpt"})
-        hint = f" (found {', '.join(found)}: pickle weights are never loaded)" if found else ""
-        raise FileNotFoundError(f"model.checkpoint={path!r}: no *.safetensors weights{hint}")
-    return root
+    """The checkpoint folder, every rule of tasks.model.checkpoint checked again where it is loaded."""
+    return read_checkpoint(path).root
 
 
 def build_model(spec: ModelSpec) -> torch.nn.Module:

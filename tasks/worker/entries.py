@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import socket
 from pathlib import Path
@@ -33,6 +34,41 @@ def write_manifest(entry: Path) -> None:
     files = sorted(p for p in entry.iterdir() if p.is_file() and p.name != MANIFEST)
     manifest = {p.name: {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in files}
     (entry / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+SHARED = ".shared"  # in the cache folder: one name per distinct large file, its sha256
+SHARE_BYTES = 1 << 20  # files this large are kept once across the cache's entries
+
+
+def share_files(entry: Path) -> int:
+    """A sealed entry's large files that another entry of the cache holds with the same bytes
+    (a model's weights, for its prefill and its decode graph) become hard links to those bytes,
+    named by checksum in <cache>/.shared/; a name there no entry links to any more is removed.
+    Entries are never written once sealed, so sharing is safe. Returns the bytes it saved; a
+    file system without hard links saves nothing and changes nothing."""
+    pool, saved = entry.parent / SHARED, 0
+    manifest = json.loads((entry / MANIFEST).read_text())
+    for name, want in manifest.items():
+        if want["bytes"] < SHARE_BYTES:
+            continue
+        path, blob = entry / name, pool / want["sha256"]
+        try:
+            pool.mkdir(exist_ok=True)
+            if blob.is_file() and blob.stat().st_size == want["bytes"]:
+                os.link(blob, entry / f".{name}.shared")
+                os.replace(entry / f".{name}.shared", path)
+                saved += want["bytes"]
+            else:
+                os.link(path, blob)
+        except OSError:  # no hard links here, or another export's race: this entry keeps its own
+            (entry / f".{name}.shared").unlink(missing_ok=True)
+    for blob in pool.iterdir() if pool.is_dir() else ():
+        try:
+            if blob.stat().st_nlink == 1:
+                blob.unlink()
+        except OSError:
+            pass
+    return saved
 
 
 def verify_entry(entry: Path) -> str | None:

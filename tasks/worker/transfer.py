@@ -12,7 +12,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from tasks.worker.entries import MANIFEST, verify_entry
+from tasks.worker.entries import MANIFEST, share_files, verify_entry
 
 NODE_CACHE_ENV = "PHASESWEEP_NODE_CACHE"
 
@@ -55,6 +55,7 @@ def localise(entry: str | Path, packed: bytes | None) -> str:
         why = verify_entry(tmp)
         if why is not None or not (tmp / MANIFEST).is_file():
             raise ValueError(f"the export sent for {entry.name} does not verify: {why}")
+        share_files(tmp)  # as where it was made: its weights once in this node's cache
         shutil.rmtree(entry, ignore_errors=True)  # untrusted leftovers
         try:
             tmp.rename(entry)
