@@ -95,3 +95,25 @@ def test_a_server_that_never_returns_is_replayed_later(server, tmp_path, cache_o
     assert len({r["info"]["run_name"] for r in runs}) == len(runs)  # nothing twice
     again = subprocess.run([sys.executable, "-m", "orchestrator.replay", journal], capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
     assert again.returncode == 0 and "nothing to send" in again.stdout
+
+
+def test_a_driver_killed_during_an_outage_loses_nothing_the_replay_sends(server, tmp_path, cache_override, exported):
+    """SIGKILL while the driver waits for the server: its journal still holds every result it
+    had; the replay records each variant measured before the kill as ok."""
+    import signal
+
+    exported("llama", "decode", "none")
+    run = sweep(server, tmp_path, cache_override)
+    run.wait_for(r"^  measured  ")
+    assert server["stop"]().returncode == 0
+    run.wait_for(r"^  tracking  server .* unreachable: waiting", timeout=300)
+    os.killpg(run.proc.pid, signal.SIGKILL)
+    run.finish(timeout=60)
+    measured = set(re.findall(r"^  measured  (\S+)", run.stdout, flags=re.M))
+    (journal,) = (tmp_path / "journal").glob("*.jsonl")
+    assert server["start"]().returncode == 0
+    env = {**os.environ, **credentials(server["folder"])}
+    replay = subprocess.run([sys.executable, "-m", "orchestrator.replay", str(journal)], capture_output=True, text=True, env=env, timeout=300)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    ok = {r["info"]["run_name"] for r in variant_runs(server) if {t["key"]: t["value"] for t in r["data"]["tags"]}.get("status") == "ok"}
+    assert measured and measured <= ok, (measured, ok)
