@@ -195,6 +195,11 @@ def unsupported(point: SweepPoint) -> str | None:
     if device not in b.devices:
         return f"backend {b.name} does not run on device={device} (backend.devices: {', '.join(b.devices)})"
     runtime = runtime_module(b.runtime)
+    chosen = {"model.kv_cache": point.model.kv_cache, "model.attention": point.model.attention}
+    for module in (format_module(b.export_format), runtime):  # REFUSES: {key: {value: why}}
+        for key, refused in getattr(module, "REFUSES", {}).items():
+            if chosen.get(key) in refused:
+                return f"backend {b.name} cannot run {key}={chosen[key]}: {refused[chosen[key]]}"
     runs = runtime.DTYPES.get(device, ())
     if dtype not in runs:
         note = getattr(runtime, "DTYPE_NOTE", "")
