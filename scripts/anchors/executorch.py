@@ -134,17 +134,22 @@ def build(checkpoint: Path, params_json: Path, work: Path, threads: int) -> dict
     }
 
 
-def _median_ms(call: Callable[[], None], iters: int) -> float:
+def _interleaved(calls: dict[str, Callable[[], None]], rounds: int, per_round: int) -> dict[str, float]:
+    """Median ms of each call, timed in alternating blocks (order flipped each round), so a
+    machine that changes speed affects every contender alike."""
     import time
 
-    for _ in range(max(3, iters // 10)):
+    samples: dict[str, list[int]] = {name: [] for name in calls}
+    for call in calls.values():  # warm up
         call()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter_ns()
-        call()
-        times.append(time.perf_counter_ns() - t0)
-    return float(np.median(times)) / 1e6
+    for r in range(rounds):
+        for name in list(calls) if r % 2 == 0 else list(calls)[::-1]:
+            call = calls[name]
+            for _ in range(per_round):
+                t0 = time.perf_counter_ns()
+                call()
+                samples[name].append(time.perf_counter_ns() - t0)
+    return {name: float(np.median(ns)) / 1e6 for name, ns in samples.items()}
 
 
 def main() -> None:
@@ -153,19 +158,21 @@ def main() -> None:
     import tempfile
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--work", type=Path, default=None, help="reuses the exports already there")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--prompt", type=int, default=128)
-    parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=30)
     a = parser.parse_args()
     work = a.work or Path(tempfile.mkdtemp(prefix="anchor-et-"))
-    checkpoint, params = small_llama(work)
+    checkpoint, params = (work / "checkpoint", work / "params.json") if (work / "params.json").exists() else small_llama(work)
     contenders = build(checkpoint, params, work, a.threads)
-    for name, c in contenders.items():
-        decode_ms = _median_ms(c.decode(a.context), a.iters)
-        prefill_ms = _median_ms(c.prefill(a.prompt), max(10, a.iters // 10))
-        print(f"{name:13s} decode ctx{a.context}: {decode_ms:.3f} ms/token   prefill p{a.prompt}: {prefill_ms:.3f} ms")
+    decode = _interleaved({n: c.decode(a.context) for n, c in contenders.items()}, a.rounds, 20)
+    prefill = _interleaved({n: c.prefill(a.prompt) for n, c in contenders.items()}, a.rounds, 1)
+    for name in contenders:
+        print(f"{name:13s} decode ctx{a.context}: {decode[name]:.3f} ms/token   prefill p{a.prompt}: {prefill[name]:.2f} ms")
+    ours, theirs = "phasesweep", "export_llama"
+    print(f"{ours}/{theirs}: decode {decode[ours] / decode[theirs]:.3f}x, prefill {prefill[ours] / prefill[theirs]:.3f}x")
 
 
 def small_llama(work: Path, hidden: int = 256, layers: int = 4, heads: int = 8, kv_heads: int = 2, vocab: int = 32000):
