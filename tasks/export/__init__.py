@@ -13,6 +13,8 @@ driver reads its facts) and provides:
                                file and returns the file's anatomy (tasks/export/_anatomy.py)
   MOVEMENT: dict               (with an artifact) its data-movement op names, for the anatomy
   PRELOAD: tuple[str, ...]     (optional) modules its fork server imports once (tasks/worker/forks.py)
+  REFUSES: dict                (optional) {config key: {value: why}}: model choices it cannot
+                               express (onnx: model.kv_cache=update_cache), planned as skipped
 """
 
 from __future__ import annotations
