@@ -175,3 +175,17 @@ def test_the_custom_ops_match_the_masked_modules():
     mask = torch.arange(n)[None, :] <= torch.arange(start, n)[:, None]
     ref = sdpa.make_attention("sdpa")(q.transpose(1, 2), k_all[:, :n].transpose(1, 2), v_all[:, :n].transpose(1, 2), mask, 0.3)
     torch.testing.assert_close(out, ref.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+def test_eager_on_cuda_is_planned_as_skipped():
+    plan = plan_of(
+        phase="decode", backend="eager", device="cpu,cuda", **{"model.kv_cache": "update_cache", "model.attention": "custom_sdpa"}
+    )
+    assert names(plan) == ["llama_decode_eager_cpu"]
+    assert [(s.name, s.reason) for s in plan.skipped] == [
+        (
+            "llama_decode_eager_cuda",
+            "backend eager cannot run model.kv_cache=update_cache on device=cuda: ExecuTorch's "
+            "llama::update_cache / custom_sdpa have CPU kernels only",
+        )
+    ]

@@ -12,7 +12,8 @@ conf/backend/. Each is importable without torch (the driver reads its facts) and
                                (bench.profile=true needs one; tasks/measure/profiles.py)
   PRELOAD: tuple[str, ...]     (optional) modules its fork server imports once (tasks/worker/forks.py)
   REFUSES: dict                (optional) {config key: {value: why}}: model choices it cannot
-                               run, planned as skipped with the reason (as the format's)
+                               run, planned as skipped with the reason (as the format's);
+                               why may be {device: why} where only some devices cannot
 """
 
 from __future__ import annotations

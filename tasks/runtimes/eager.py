@@ -25,6 +25,8 @@ PRELOAD = ("torch", "transformers", *dict.fromkeys(f.rotary_module for f in FAMI
 MEMORY_FACTOR = 1.5
 DTYPES = {"cpu": ("float32", "float16", "bfloat16"), "cuda": ("float32", "float16", "bfloat16")}
 PROFILER = "torch.profiler, ops by self time, after the timed loop in the same session"
+_CPU_ONLY = {"cuda": "ExecuTorch's llama::update_cache / custom_sdpa have CPU kernels only"}
+REFUSES = {"model.kv_cache": {"update_cache": _CPU_ONLY}, "model.attention": {"custom_sdpa": _CPU_ONLY}}
 
 
 @dataclass(frozen=True)
