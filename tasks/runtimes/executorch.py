@@ -117,10 +117,13 @@ _INSTANCE = re.compile(r"\s#\d+$")  # XNNPACK numbers its operators: "... GEMM #
 
 
 def op_name(name: str) -> str:
-    """`native_call_expand_copy.out` -> `expand_copy (portable)`; an XNNPACK operator keeps its
-    name, without its instance number, marked `(xnnpack)`."""
+    """`native_call_expand_copy.out` -> `expand_copy (portable)`; a custom op's kernel
+    (`llama::custom_sdpa.out`) -> `llama::custom_sdpa (custom op)`; an XNNPACK operator keeps
+    its name, without its instance number, marked `(xnnpack)`."""
     if name.startswith("native_call_"):
         return name.removeprefix("native_call_").removesuffix(".out").split(".")[0] + " (portable)"
+    if "::" in name:  # a registered kernel outside the delegate, by its op name
+        return name.removesuffix(".out") + " (custom op)"
     return _INSTANCE.sub("", name) + " (xnnpack)"
 
 
