@@ -2,8 +2,8 @@
 
 A graph holding its KV cache (model.kv_cache=update_cache) keeps ExecuTorch's llama custom
 ops (update_cache, custom_sdpa) as they are, outside the delegate, and its caches as mutable
-buffers in the program, as ExecuTorch's own LLM export does: the IR check lets the custom ops
-through, and memory is planned for the largest token count the graph's bounds allow."""
+buffers in the program, as ExecuTorch's own LLM export does: inputs are the caller's, and
+memory is planned for the largest token count the graph's bounds allow."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def export(
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.devtools.backend_debug import get_delegation_info
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
     from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
 
@@ -96,7 +96,6 @@ def export(
             transform_passes=[_pass(name) for name in opts.passes],
             partitioner=[XnnpackPartitioner()] if opts.delegate == "xnnpack" else [],
             constant_methods=constant_methods(description),
-            compile_config=EdgeCompileConfig(_check_ir_validity=not in_graph),  # llama:: ops are not core ATen
         )
         info = get_delegation_info(edge.exported_program().graph_module)
         inside = anatomy(edge.exported_program())  # before to_executorch turns its ops into out-variants
