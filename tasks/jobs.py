@@ -74,7 +74,7 @@ def export_job(spec: ExportSpec) -> ExportResult:
         phase.check(spec.phase, dims)
         data = phase.make_data(model, spec.phase, m.kv_cache, dims)
         graph = phase.build_graph(model, spec.phase, m.family, m.kv_cache, m.attention)
-        input_names, output_names = phase.io_names(spec.phase, dims["layers"])
+        input_names, output_names = phase.io_names(spec.phase, dims["layers"], m.kv_cache)
         description = describe(spec, dims, _signature(input_names, data.example_args()), _outputs(graph, data, output_names))
         t0 = time.perf_counter()
         artifact, details, anatomy = fmt.export(

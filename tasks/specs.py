@@ -17,14 +17,36 @@ from typing import Any
 # Model families are one table with their adapters: tasks/model/families.py FAMILIES.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 DTYPES = tuple(DTYPE_BYTES)
-KV_CACHES = ("static", "dynamic")
-ATTENTIONS = ("sdpa", "math")
+KV_CACHES = ("static", "dynamic", "update_cache")
+ATTENTIONS = ("sdpa", "math", "custom_sdpa")
+# ExecuTorch's LLM custom ops (executorch.extension.llm.custom_ops) come as a pair: the cache
+# kept inside the graph [B, S_max, H_kv, D], written in place by llama::update_cache, is the
+# layout llama::custom_sdpa reads (with the start position for its causal mask)
+LLAMA_OPS = {"model.kv_cache": "update_cache", "model.attention": "custom_sdpa"}
+IN_GRAPH_KV_CACHES = ("update_cache",)  # the graph holds its cache: no past/present inputs and outputs
+# a feed that is no graph input: the tokens an in-graph cache is filled with (positions
+# 0..C-1, one call through the program) before the graph's own inputs are run
+CONTEXT = "context_ids"
 DEVICES = ("cpu", "cuda")
 
 # Graph input/output names of the KV cache, one pair per layer: `past_key_values.{i}.key`
 # in, `present.{i}.key` out. Every module that builds or reads them uses these.
 PAST = "past_key_values."
 PRESENT = "present."
+
+
+def check_model_choices(kv_cache: str, attention: str) -> None:
+    """model.kv_cache=update_cache and model.attention=custom_sdpa only together (LLAMA_OPS)."""
+    chosen = {"model.kv_cache": kv_cache, "model.attention": attention}
+    used = [k for k, v in LLAMA_OPS.items() if chosen[k] == v]
+    if len(used) == 1:
+        (key,) = used
+        (other,) = (k for k in LLAMA_OPS if k != key)
+        raise ConfigError(
+            f"{key}={chosen[key]!r} needs {other}={LLAMA_OPS[other]!r} (got {other}={chosen[other]!r}): "
+            "ExecuTorch's llama::update_cache keeps the cache in the graph as [B, S_max, H_kv, D], the layout "
+            "llama::custom_sdpa reads; choose both, or neither (static/dynamic with sdpa/math)"
+        )
 
 
 def kv_names(prefix: str, layers: int) -> list[str]:

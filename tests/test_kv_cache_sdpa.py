@@ -7,9 +7,12 @@ import pytest
 import torch
 
 from tasks.model import kv_cache, sdpa
-from tasks.specs import ATTENTIONS, KV_CACHES
+from tasks.specs import ATTENTIONS, IN_GRAPH_KV_CACHES, KV_CACHES, LLAMA_OPS
 
 B, H, HKV, D = 2, 4, 2, 16
+# the modules on [B, H, S, D] tensors with a mask; the in-graph pair is tests/test_in_graph_cache.py's
+MASKED = tuple(a for a in ATTENTIONS if a != LLAMA_OPS["model.attention"])
+FUNCTIONAL = tuple(c for c in KV_CACHES if c not in IN_GRAPH_KV_CACHES)
 
 
 def test_registries_match_the_choices_the_driver_validates():
@@ -61,7 +64,7 @@ def _qkv(sq: int, skv: int):
     )
 
 
-@pytest.mark.parametrize("name", ATTENTIONS)
+@pytest.mark.parametrize("name", MASKED)
 @pytest.mark.parametrize("sq,skv,pos", [(6, 6, list(range(6))), (1, 12, [7])])
 def test_attention_matches_transformers_eager(name, sq, skv, pos):
     """Same output as transformers' eager_attention_forward with the equivalent additive mask."""
@@ -86,12 +89,12 @@ def test_masked_slots_do_not_leak():
     mask = torch.arange(12)[None, :] <= torch.tensor([5])[:, None]
     k2, v2 = k.clone(), v.clone()
     k2[:, :, 6:], v2[:, :, 6:] = 1e3, -1e3
-    for name in ATTENTIONS:
+    for name in MASKED:
         att = sdpa.make_attention(name)
         torch.testing.assert_close(att(q, k, v, mask, 0.25), att(q, k2, v2, mask, 0.25))
 
 
-@pytest.mark.parametrize("cache_name", KV_CACHES)
+@pytest.mark.parametrize("cache_name", FUNCTIONAL)
 def test_cache_updates_match_transformers_caches(cache_name):
     """Step by step, our functional caches hold what transformers' StaticCache (fixed
     capacity) and DynamicCache (growing) hold for the same keys and values."""

@@ -54,6 +54,7 @@ def test_executorch_events_drop_the_wrappers_and_name_portable_and_xnnpack_ops()
         ("Fully Connected (NC, F32) GEMM #2", [1.0, 1.0, 1.0]),
     ]
     assert executorch_runtime.op_name("native_call_arange.start_out") == "arange (portable)"
+    assert executorch_runtime.op_name("llama::custom_sdpa.out") == "llama::custom_sdpa (custom op)"
     rows = executorch_runtime.profile_rows(events, warmup=1)
     assert rows == [
         {"op": "Fully Connected (NC, F32) GEMM (xnnpack)", "per_call": 2.0, "us_per_call": 5.0, "share": 0.5},

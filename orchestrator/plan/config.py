@@ -31,6 +31,7 @@ from tasks.specs import (
     ConfigError,
     PhaseSpec,
     at_least,
+    check_model_choices,
     choice,
 )
 
@@ -56,6 +57,7 @@ class ModelCfg:
         choice("model.dtype", self.dtype, DTYPES)
         choice("model.kv_cache", self.kv_cache, KV_CACHES)
         choice("model.attention", self.attention, ATTENTIONS)
+        check_model_choices(self.kv_cache, self.attention)
 
     def architecture(self, chosen: str | None = None, named: bool = False) -> tuple[dict[str, Any], int | None]:
         """The transformers config, the size preset's or the checkpoint's config.json, and a

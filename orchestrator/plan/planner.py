@@ -228,6 +228,14 @@ def unsupported(point: SweepPoint) -> str | None:
     if device not in b.devices:
         return f"backend {b.name} does not run on device={device} (backend.devices: {', '.join(b.devices)})"
     runtime = runtime_module(b.runtime)
+    chosen = {"model.kv_cache": point.model.kv_cache, "model.attention": point.model.attention}
+    for module in (format_module(b.export_format), runtime):  # REFUSES: {key: {value: why | {device: why}}}
+        for key, refused in getattr(module, "REFUSES", {}).items():
+            why = refused.get(chosen.get(key))
+            why = why.get(device) if isinstance(why, dict) else why
+            if why:
+                where = f" on device={device}" if isinstance(refused[chosen[key]], dict) else ""
+                return f"backend {b.name} cannot run {key}={chosen[key]}{where}: {why}"
     runs = runtime.DTYPES.get(device, ())
     if dtype not in runs:
         note = getattr(runtime, "DTYPE_NOTE", "")

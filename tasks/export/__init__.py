@@ -18,6 +18,8 @@ driver reads its facts) and provides:
                                planner skips it with that reason (onnx: the genai exporter's limits)
   name_tag(options) -> str     (optional) what variant names add after the backend's name
                                ("genai": llama_decode_onnxruntime_genai_cpu); "" for nothing
+  REFUSES: dict                (optional) {config key: {value: why}}: model choices it cannot
+                               express (onnx: model.kv_cache=update_cache), planned as skipped
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ from dataclasses import asdict
 from importlib import metadata
 from typing import Any
 
-from tasks.specs import PAST, ExportSpec
+from tasks.specs import IN_GRAPH_KV_CACHES, PAST, ExportSpec
 
 CACHE_LAYOUT = ["batch", "kv_heads", "seq", "head_dim"]  # every past_key_values.* input and present.* output
+IN_GRAPH_LAYOUT = ["batch", "seq", "kv_heads", "head_dim"]  # an in-graph cache's buffers (update_cache)
 
 
 def _version() -> str:
@@ -31,7 +32,10 @@ def describe(
     """The description of one export: `inputs`/`outputs` are {name: (shape, dtype)} in call order."""
     m = spec.model
     past = [shape for name, (shape, _) in inputs.items() if name.startswith(PAST)]
-    if not past:
+    layout = CACHE_LAYOUT
+    if m.kv_cache in IN_GRAPH_KV_CACHES:  # buffers inside the program, not inputs
+        capacity, layout = spec.phase.cache_len or spec.phase.prompt_len, IN_GRAPH_LAYOUT
+    elif not past:
         capacity = None  # prefill: no cache comes in; the present.* outputs hold the prompt
     elif m.kv_cache == "dynamic":
         capacity = dims["max_positions"] - 1  # the cache grows up to the model's positions
@@ -49,5 +53,10 @@ def describe(
         "dtype": m.dtype,
         "inputs": {n: {"shape": s, "dtype": d} for n, (s, d) in inputs.items()},
         "outputs": {n: {"shape": s, "dtype": d} for n, (s, d) in outputs.items()},
-        "kv_cache": {"layout": CACHE_LAYOUT, "implementation": m.kv_cache, "capacity": capacity},
+        "kv_cache": {
+            "layout": layout,
+            "implementation": m.kv_cache,
+            "capacity": capacity,
+            "in_graph": m.kv_cache in IN_GRAPH_KV_CACHES,
+        },
     }

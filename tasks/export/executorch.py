@@ -1,4 +1,9 @@
-"""ExecuTorch (.pte): torch.export -> to_edge_transform_and_lower(XNNPACK) -> to_executorch."""
+"""ExecuTorch (.pte): torch.export -> to_edge_transform_and_lower(XNNPACK) -> to_executorch.
+
+A graph holding its KV cache (model.kv_cache=update_cache) keeps ExecuTorch's llama custom
+ops (update_cache, custom_sdpa) as they are, outside the delegate, and its caches as mutable
+buffers in the program, as ExecuTorch's own LLM export does: inputs are the caller's, and
+memory is planned for the largest token count the graph's bounds allow."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.export._anatomy import summary
-from tasks.specs import choice
+from tasks.specs import IN_GRAPH_KV_CACHES, choice
 
 if TYPE_CHECKING:
     import torch
@@ -73,11 +78,15 @@ def export(
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.devtools.backend_debug import get_delegation_info
-    from executorch.exir import to_edge_transform_and_lower
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
 
-    from tasks.export._shapes import dynamic_shapes
+    from tasks.export._shapes import dynamic_shapes, example_args
 
     opts = Options(**options)
+    in_graph = getattr(graph, "kv_cache", None) in IN_GRAPH_KV_CACHES
+    args = example_args(graph, args)
     with torch.no_grad():
         program = torch.export.export(
             graph, args, dynamic_shapes=dynamic_shapes(graph, args, input_names), strict=False
@@ -90,12 +99,21 @@ def export(
         )
         info = get_delegation_info(edge.exported_program().graph_module)
         inside = anatomy(edge.exported_program())  # before to_executorch turns its ops into out-variants
-        et = edge.to_executorch()
+        config = None
+        if in_graph:  # inputs owned by the caller; memory planned for the upper bound of S, not the example's
+            config = ExecutorchBackendConfig(
+                memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+                sym_shape_eval_pass=ConstraintBasedSymShapeEvalPass(),
+            )
+        et = edge.to_executorch(config)
     path = out_dir / "model.pte"
     path.write_bytes(et.buffer)
     inside["artifact_bytes"] = path.stat().st_size
     total = info.num_delegated_nodes + info.num_non_delegated_nodes
+    custom = {op: n for op, n in inside["ops"].items() if op.split(".")[0] not in CORE_NAMESPACES}
     return path.name, {
+        "custom_ops": ", ".join(f"{op} x{n}" for op, n in custom.items()) or "none",  # kernels outside XNNPACK
+        "mutable_buffers": _mutated_buffers(edge),
         "delegate": opts.delegate,
         "passes": ",".join(opts.passes) or "none",
         "delegated_ops": info.num_delegated_nodes,
@@ -115,17 +133,29 @@ def constant_methods(description: dict[str, Any]) -> dict[str, Any]:
         "get_n_layers": dims["layers"],
         "get_max_batch_size": description["phase"]["batch"],
         "use_kv_cache": cache["capacity"] is not None,
-        "enable_dynamic_shape": cache["implementation"] == "dynamic",
+        "enable_dynamic_shape": cache["implementation"] == "dynamic" or bool(cache.get("in_graph")),
     }
     if cache["capacity"] is not None:
         methods["get_max_seq_len"] = cache["capacity"]
     return methods
 
 
+def _mutated_buffers(edge: Any) -> int:
+    """Buffers the lowered program writes (an in-graph KV cache), as the edge program's signature names them."""
+    return len(edge.exported_program().graph_signature.buffers_to_mutate)
+
+
 # -- the anatomy of a lowered edge program (the caller adds the .pte's artifact_bytes) ------------
-def _edge_op(target: Any) -> str | None:
-    """`aten.mul` for an edge or ATen op (`aten::mul.Tensor`); None for the plumbing between
-    them (getitem, the delegate call)."""
+CORE_NAMESPACES = ("aten", "dim_order_ops")  # other namespaces are custom ops (llama.update_cache)
+FUNCTIONALIZED = ("auto_functionalized", "auto_functionalized_v2")  # a mutating custom op, wrapped
+
+
+def _edge_op(target: Any, args: tuple = ()) -> str | None:
+    """`aten.mul` for an edge or ATen op (`aten::mul.Tensor`), a functionalized mutating op by
+    the op it wraps (`llama.update_cache`); None for the plumbing between them (getitem, the
+    delegate call)."""
+    if getattr(target, "__name__", None) in FUNCTIONALIZED and args:
+        target = args[0]
     name = getattr(target, "_name", None)  # OpOverload / EdgeOpOverload: "aten::mul.Tensor"
     if not isinstance(name, str) or "::" not in name:
         return None
@@ -148,12 +178,12 @@ def anatomy(edge_program: Any) -> dict:
             lowered = getattr(gm, node.target)
             inner = lowered.original_module
             part: Counter = Counter(
-                op for n in inner.graph.nodes if n.op == "call_function" and (op := _edge_op(n.target))
+                op for n in inner.graph.nodes if n.op == "call_function" and (op := _edge_op(n.target, n.args))
             )
             ops.update(part)
             constants += _tensor_total(inner.state_dict.values()) + _tensor_total(inner.constants.values())
             partitions.append({"backend": lowered.backend_id, "ops": dict(sorted(part.items()))})
-        elif node.op == "call_function" and (op := _edge_op(node.target)):
+        elif node.op == "call_function" and (op := _edge_op(node.target, node.args)):
             ops[op] += 1
             outside[op] += 1
     return summary(ops, outside, partitions, constants, 0, MOVEMENT)

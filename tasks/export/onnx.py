@@ -34,6 +34,11 @@ PRELOAD = (
 MEMORY_FACTOR = 1.5  # an export's peak memory, as a multiple of the weights
 RESOURCES = {"num_cpus": 1}
 EXTERNAL_DATA_BYTES = 1 << 30  # weights past this go to an external file (protobuf's 2 GiB limit)
+# model choices this format cannot express: planned as skipped with the reason (orchestrator/plan/planner.py)
+REFUSES = {
+    "model.kv_cache": {"update_cache": "ONNX has no llama::update_cache / custom_sdpa (ExecuTorch's LLM custom ops)"},
+    "model.attention": {"custom_sdpa": "ONNX has no llama::update_cache / custom_sdpa (ExecuTorch's LLM custom ops)"},
+}
 # data-movement ops by ONNX op type (tasks/export/_anatomy.py)
 MOVEMENT = {
     "transposes": frozenset({"Transpose"}),

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.specs import PAST
+from tasks.specs import CONTEXT, PAST
 
 
 class Session:
@@ -52,9 +52,22 @@ class Session:
     def to_host(self, logits: Any) -> np.ndarray:
         return logits
 
+    def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The graph's own inputs of `feeds`. Feeds holding CONTEXT are an in-graph cache's:
+        the program's cache is first filled with those tokens, one call at positions 0..C-1.
+        Every run, bind and run_steps starts here."""
+        if CONTEXT not in feeds:
+            return feeds
+        inputs = {n: a for n, a in feeds.items() if n != CONTEXT}
+        ctx = feeds[CONTEXT]  # [B, C]
+        self.step(self.place({"input_ids": ctx, "cache_position": np.arange(ctx.shape[1], dtype=np.int64)}))
+        return inputs
+
     def run_steps(self, feeds: dict[str, np.ndarray], tokens: np.ndarray, start: int) -> list[np.ndarray]:
         """Consecutive decode steps of `tokens` [B, N] from position `start`, each fed the cache
-        the step before returned (present.i becomes past_key_values.i): each step's logits."""
+        the step before returned (present.i becomes past_key_values.i; an in-graph cache keeps
+        its own): each step's logits."""
+        feeds = self.prepare(feeds)
         past = [n for n in feeds if n.startswith(PAST)]
         inputs = self.place(feeds)
         logits = []

@@ -14,6 +14,9 @@ StepState. Graph signatures (all caches [B, H_kv, S, D]):
            -> logits [B, 1, V] (last position), present.{i}.key/value [B, H_kv, P, D]
   decode:  input_ids [B, 1], cache_position [1], past_key_values.{i}.key/value [B, H_kv, S, D]
            -> logits [B, 1, V], present.{i}.key/value (static: [B, H_kv, S, D], dynamic: S + 1)
+
+With model.kv_cache=update_cache the cache lives in the graph (InGraphCacheGraph): one
+graph for both phases, input_ids [B, S], cache_position [S] (S dynamic) -> logits [B, 1, V].
 """
 
 from __future__ import annotations
@@ -32,9 +35,12 @@ from tasks.model.sdpa import make_attention
 class StepState:
     """One forward's cache: the past of every layer in, the present of every layer out."""
 
-    def __init__(self, cache_position: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]] | None, layers: int):
+    def __init__(
+        self, cache_position: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]] | None, layers: int, start=None
+    ):
         self.cache_position = cache_position  # [S_new] int64
-        self.past = past  # None: empty cache (prefill)
+        self.past = past  # None: empty cache (prefill), or a cache in the graph
+        self.start = start  # an in-graph cache: cache_position[0] as an int (SymInt when exported)
         self.present: list[tuple[torch.Tensor, torch.Tensor]] = [None] * layers  # type: ignore[list-item]
 
 
@@ -86,6 +92,10 @@ class PhaseAttention(nn.Module):
         v = v.view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, H_kv, S, D]
         cos, sin = position_embeddings
         q, k = self.apply_rope(q, k, cos, sin)
+        if cache.start is not None:  # the cache in the graph, [B, S_max, H_kv, D]: custom ops
+            k_all, v_all = self.kv_cache.update(k.transpose(1, 2), v.transpose(1, 2), cache.start)
+            out = self.attention(q.transpose(1, 2), k_all, v_all, cache.start, self.scale)  # [B, S, H, D]
+            return self._sub(self.adapter.o_proj)(out.reshape(b, s, self.heads * self.head_dim)), None
 
         if cache.past is None:  # prefill: the cache starts empty, keys are the prompt's own
             k_all, v_all = k, v
@@ -145,17 +155,17 @@ class _PhaseGraph(nn.Module):
         self.lm = model
         self.layers = model.config.num_hidden_layers
 
-    def _step(self, input_ids, cache_position, past) -> tuple[torch.Tensor, ...]:
+    def _step(self, input_ids, cache_position, past, start=None) -> tuple[torch.Tensor, ...]:
         inner = self.lm.model
         h = inner.embed_tokens(input_ids)  # [B, S, hidden]
         position_ids = cache_position.unsqueeze(0).expand(input_ids.shape[0], -1)  # [B, S]
         pos_emb = inner.rotary_emb(h, position_ids=position_ids)
-        state = StepState(cache_position, past, self.layers)
+        state = StepState(cache_position, past, self.layers, start)
         for layer in inner.layers[: self.layers]:
             h = layer(h, position_embeddings=pos_emb, position_ids=position_ids, cache=state)
         h = inner.norm(h[:, -1:])  # [B, 1, hidden]: only the last position's logits are used
         logits = self.lm.lm_head(h)  # [B, 1, V]
-        return (logits, *[t for kv in state.present for t in kv])
+        return (logits, *[t for kv in state.present if kv is not None for t in kv])
 
 
 class PrefillGraph(_PhaseGraph):
@@ -172,3 +182,24 @@ class DecodeGraph(_PhaseGraph):
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor, *past_kv: torch.Tensor):
         past = list(zip(past_kv[0::2], past_kv[1::2], strict=True))
         return self._step(input_ids, cache_position, past)
+
+
+class InGraphCacheGraph(_PhaseGraph):
+    """The cache inside the graph (model.kv_cache=update_cache): `capacity` slots per layer,
+    filled and read in place. input_ids [B, S], cache_position [S] (S dynamic: the same graph
+    fills a context and decodes) -> logits [B, 1, V]. A call at cache_position rewrites those
+    slots and attends to nothing past them, so repeating a call is idempotent."""
+
+    def __init__(self, model: nn.Module, batch: int, capacity: int):
+        super().__init__(model)
+        self.capacity = capacity
+        dims = families.model_dims(families.family_of(model.config.model_type), model.config.to_dict())
+        dtype = next(model.parameters()).dtype
+        for layer in model.model.layers:
+            layer.self_attn.kv_cache.allocate(batch, capacity, dims["kv_heads"], dims["head_dim"], dtype)
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        start = cache_position[0].item()
+        torch._check(start >= 0)  # bounds of export's unbacked start position
+        torch._check(start + input_ids.shape[1] <= self.capacity)
+        return self._step(input_ids, cache_position, None, start)

@@ -1,8 +1,13 @@
-"""Export-friendly KV caches. Every tensor is laid out [batch, kv_heads, seq, head_dim].
+"""Export-friendly KV caches.
 
-A cache module is stateless: the cache tensors are graph inputs and outputs, so the same
-graph exports to ONNX (no mutable state) and ExecuTorch alike, and a runtime feeds each
-step's output cache back as the next step's input.
+static and dynamic are stateless, laid out [batch, kv_heads, seq, head_dim]: the cache
+tensors are graph inputs and outputs, so the same graph exports to ONNX (no mutable state)
+and ExecuTorch alike, and a runtime feeds each step's output cache back as the next
+step's input.
+
+update_cache keeps the cache inside the graph, as buffers [batch, seq, kv_heads, head_dim]
+written in place by ExecuTorch's llama::update_cache (ExecuTorch's own LLM export does the
+same): the program owns it as mutable buffers, and the graph takes and returns no cache.
 """
 
 from __future__ import annotations
@@ -61,7 +66,30 @@ class DynamicKVCache(nn.Module):
         return prefix
 
 
-KV_CACHES: dict[str, type[nn.Module]] = {c.name: c for c in (StaticKVCache, DynamicKVCache)}
+class UpdateCacheKVCache(nn.Module):
+    """In the graph: buffers k_cache, v_cache [B, S_max, H_kv, D], sized by allocate()."""
+
+    name = "update_cache"
+    in_graph = True
+
+    def __init__(self):
+        super().__init__()
+        from tasks.model.sdpa import load_llama_ops
+
+        load_llama_ops()
+
+    def allocate(self, batch: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        for name in ("k_cache", "v_cache"):  # persistent, as ExecuTorch's export_llama keeps them
+            self.register_buffer(name, torch.zeros(batch, capacity, kv_heads, head_dim, dtype=dtype))
+
+    def update(self, k_new: torch.Tensor, v_new: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """k_new, v_new [B, S_new, H_kv, D] written at start..start+S_new-1, in place; the caches."""
+        torch.ops.llama.update_cache(k_new, self.k_cache, start)
+        torch.ops.llama.update_cache(v_new, self.v_cache, start)
+        return self.k_cache, self.v_cache
+
+
+KV_CACHES: dict[str, type[nn.Module]] = {c.name: c for c in (StaticKVCache, DynamicKVCache, UpdateCacheKVCache)}
 
 
 def make_kv_cache(name: str) -> nn.Module:

@@ -1,7 +1,12 @@
-"""Attention over q [B, H, S_q, D] and k, v [B, H_kv, S_kv, D], swappable by config.
+"""Attention, swappable by config.
 
-Both implementations take a boolean mask [S_q, S_kv] (True = may attend) and handle
-grouped-query attention (H a multiple of H_kv) by repeating key/value heads.
+sdpa and math take q [B, H, S_q, D], k, v [B, H_kv, S_kv, D] and a boolean mask [S_q, S_kv]
+(True = may attend), and handle grouped-query attention (H a multiple of H_kv) by repeating
+key/value heads.
+
+custom_sdpa is ExecuTorch's llama::custom_sdpa on q [B, S_q, H, D] and the in-graph cache
+[B, S_max, H_kv, D] (model.kv_cache=update_cache): it handles GQA and the causal mask from
+the start position itself, and reads only the first start + S_q slots.
 """
 
 from __future__ import annotations
@@ -44,7 +49,26 @@ class MathAttention(nn.Module):
         return torch.matmul(probs, v)  # [B, H, S_q, D]
 
 
-ATTENTIONS: dict[str, type[nn.Module]] = {a.name: a for a in (SDPA, MathAttention)}
+def load_llama_ops() -> None:
+    """Register llama::update_cache and llama::custom_sdpa with torch (their CPU kernels and
+    export meta functions) and with the ExecuTorch runtime that loads a program using them."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+
+
+class CustomSDPA(nn.Module):
+    """llama::custom_sdpa: causal from start_pos, GQA inside the kernel; [B, S_q, H, D] out."""
+
+    name = "custom_sdpa"
+
+    def __init__(self):
+        super().__init__()
+        load_llama_ops()
+
+    def forward(self, q, k_cache, v_cache, start: int, scale: float) -> torch.Tensor:
+        return torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start, None, 0.0, True, scale)
+
+
+ATTENTIONS: dict[str, type[nn.Module]] = {a.name: a for a in (SDPA, MathAttention, CustomSDPA)}
 
 
 def make_attention(name: str) -> nn.Module:

@@ -8,7 +8,7 @@ without torch (the driver calls its torch-free half) and provides:
   check(phase, dims) -> None                  every check the config and the model's
                                               dimensions decide (raises ConfigError)
   tokens_per_call(phase) -> int               tokens per sequence one timed call processes
-  io_names(phase, layers) -> (inputs, outputs)   graph input/output names, in call order
+  io_names(phase, layers, kv_cache) -> (inputs, outputs)   graph input/output names, in call order
   make_data(model, phase, kv_cache, dims) -> PhaseData   inputs and eager reference (torch)
   build_graph(model, phase, family, kv_cache, attention) -> nn.Module   the graph to export (torch)
   check_parity(session, phase, feeds, parity, atol) -> dict   exported vs reference

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tasks.specs import ConfigError
+from tasks.specs import CONTEXT, ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class PhaseData:
-    feeds: dict[str, np.ndarray]  # the timed call's inputs, by graph input name, in call order
+    feeds: dict[str, np.ndarray]  # the timed call's inputs, by graph input name, in call order (+ CONTEXT)
     parity: dict[str, np.ndarray]  # reference outputs (and step tokens) the parity check reads
     dims: dict[str, int]
     dtypes: dict[str, str] = field(default_factory=dict)  # inputs whose numpy form is not their dtype (bfloat16)
@@ -26,7 +26,7 @@ class PhaseData:
     def example_args(self) -> tuple[torch.Tensor, ...]:
         from tasks.model.tensors import to_torch
 
-        return tuple(to_torch(a, self.dtypes.get(n)) for n, a in self.feeds.items())
+        return tuple(to_torch(a, self.dtypes.get(n)) for n, a in self.feeds.items() if n != CONTEXT)
 
     def shapes(self) -> dict[str, list[int]]:
         return {name: list(a.shape) for name, a in self.feeds.items()}

@@ -27,7 +27,7 @@ from tasks.phases import decode, prefill
 from tasks.phases._calls import KINDS, SELECT, describe, parse_app, read_inputs, summary
 from tasks.phases._capture import capture_in_fresh_process, capture_job
 from tasks.phases._common import PhaseData
-from tasks.specs import CaptureOptions, ConfigError, PhaseSpec, at_least, choice
+from tasks.specs import IN_GRAPH_KV_CACHES, CaptureOptions, ConfigError, PhaseSpec, at_least, choice
 
 if TYPE_CHECKING:
     import torch
@@ -57,6 +57,11 @@ def _as_kind(phase: PhaseSpec) -> PhaseSpec:
 def normalize(phase: PhaseSpec, kv_cache: str) -> PhaseSpec:
     """Before the capture the application and its options alone (the calls decide batch and
     lengths); a kept call as its kind normalises it (a static cache's capacity)."""
+    if kv_cache in IN_GRAPH_KV_CACHES:
+        raise ConfigError(
+            f"phase=captured with model.kv_cache={kv_cache!r}: a captured decode call replays the "
+            "application's cache as an input, and an in-graph cache takes none; use kv_cache=static or dynamic"
+        )
     if phase.kind is None:
         return replace(
             phase, prompt_len=None, context_len=None, cache_len=None, seed=0, capture=phase.capture or CaptureOptions()
@@ -87,8 +92,8 @@ def tokens_per_call(phase: PhaseSpec) -> int:
     return _kind(phase).tokens_per_call(phase)
 
 
-def io_names(phase: PhaseSpec, layers: int) -> tuple[list[str], list[str]]:
-    return _kind(phase).io_names(phase, layers)
+def io_names(phase: PhaseSpec, layers: int, kv_cache: str = "static") -> tuple[list[str], list[str]]:
+    return _kind(phase).io_names(phase, layers, kv_cache)
 
 
 def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dict[str, int]) -> PhaseData:

@@ -7,6 +7,11 @@ Timed directly on the pre-filled cache, never derived from prefill by subtractio
 
 A static cache holds `cache_len` slots (default: the context plus HEADROOM), whatever
 `parity_steps` is, so a parity setting never changes the timed shape.
+
+An in-graph cache (model.kv_cache=update_cache, `cache_len` slots) is no input: the graph
+takes input_ids [B, 1], cache_position [1] and returns logits only. Its feeds carry the
+context tokens (CONTEXT), which the session runs through the program to fill the program's
+own cache before the first call; a step repeated at the same position is idempotent.
 """
 
 from __future__ import annotations
@@ -17,7 +22,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tasks.phases._common import PhaseData, check_span, synthetic_only, tokens
-from tasks.specs import DTYPE_BYTES, PAST, PRESENT, ConfigError, PhaseSpec, at_least, kv_names
+from tasks.specs import (
+    CONTEXT,
+    DTYPE_BYTES,
+    IN_GRAPH_KV_CACHES,
+    PAST,
+    PRESENT,
+    ConfigError,
+    PhaseSpec,
+    at_least,
+    kv_names,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -32,7 +47,8 @@ def capacity(phase: PhaseSpec) -> int:
 
 def normalize(phase: PhaseSpec, kv_cache: str) -> PhaseSpec:
     """Decode uses batch, context, cache and steps; a dynamic cache has no fixed capacity."""
-    cache_len = capacity(phase) if kv_cache == "static" and phase.context_len else None
+    fixed = kv_cache == "static" or kv_cache in IN_GRAPH_KV_CACHES
+    cache_len = capacity(phase) if fixed and phase.context_len else None
     return replace(phase, prompt_len=None, cache_len=cache_len, capture=None)
 
 
@@ -59,7 +75,9 @@ def tokens_per_call(phase: PhaseSpec) -> int:
     return 1
 
 
-def io_names(phase: PhaseSpec, layers: int) -> tuple[list[str], list[str]]:
+def io_names(phase: PhaseSpec, layers: int, kv_cache: str = "static") -> tuple[list[str], list[str]]:
+    if kv_cache in IN_GRAPH_KV_CACHES:
+        return ["input_ids", "cache_position"], ["logits"]
     return ["input_ids", "cache_position", *kv_names(PAST, layers)], ["logits", *kv_names(PRESENT, layers)]
 
 
@@ -75,7 +93,10 @@ def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dic
     steps = tokens(gen, dims["vocab"], (b, phase.parity_steps))  # [B, N]
     with torch.inference_mode():
         cache = model(input_ids=ctx, use_cache=True).cache  # reference DynamicCache holding C positions
-    return data_from_cache(model, phase, kv_cache, dims, cache, steps)
+    data = data_from_cache(model, phase, kv_cache, dims, cache, steps)
+    if kv_cache in IN_GRAPH_KV_CACHES:  # the program's own cache is filled with the context
+        data.feeds[CONTEXT] = ctx.numpy()
+    return data
 
 
 def data_from_cache(
@@ -96,7 +117,7 @@ def data_from_cache(
         dtypes: dict[str, str] = {}
         names = iter(kv_names(PAST, dims["layers"]))
         slots = capacity(phase)  # a dynamic cache ignores it: it holds exactly the context
-        for layer in cache.layers:
+        for layer in cache.layers if kv_cache not in IN_GRAPH_KV_CACHES else ():
             for t in (layer.keys, layer.values):
                 name = next(names)
                 past[name] = to_numpy(layout.from_prefix(t.clone(), slots))
@@ -110,22 +131,24 @@ def data_from_cache(
         for t in range(phase.parity_steps):  # the reference decodes the same tokens, step by step
             out = model(input_ids=steps[:, t : t + 1], cache=cache, use_cache=True)
             refs.append(out.logits[:, -1:].float())  # [B, 1, V]
-    assert list(feeds) == io_names(phase, dims["layers"])[0]
+    assert list(feeds) == io_names(phase, dims["layers"], kv_cache)[0]
     return PhaseData(feeds, {"step_tokens": steps.numpy(), "ref_logits": torch.stack(refs).numpy()}, dims, dtypes)
 
 
 def build_graph(model: torch.nn.Module, phase: PhaseSpec, family: str, kv_cache: str, attention: str) -> torch.nn.Module:
-    from tasks.model.graphs import DecodeGraph, swap_attention
+    from tasks.model.graphs import DecodeGraph, InGraphCacheGraph, swap_attention
 
     swap_attention(model, family, kv_cache, attention)
-    graph = DecodeGraph(model)
+    in_graph = kv_cache in IN_GRAPH_KV_CACHES
+    graph = InGraphCacheGraph(model, phase.batch, capacity(phase)) if in_graph else DecodeGraph(model)
     graph.kv_cache = kv_cache  # exporters read it: a dynamic cache has a dynamic sequence dim
     return graph.eval()
 
 
 def check_parity(session: Any, phase: PhaseSpec, feeds: dict, parity: dict, atol: float) -> dict[str, Any]:
-    """parity_steps consecutive steps, each fed the cache the backend returned, every step
-    compared: a graph that drops its cache passes the first step only."""
+    """parity_steps consecutive steps, each fed the cache the backend returned (an in-graph
+    cache: the program's own, filled with the context first), every step compared: a graph
+    that drops its cache passes the first step only."""
     from tasks.measure.parity import compare, summary
 
     ref = parity["ref_logits"]  # [N, B, 1, V]
@@ -150,6 +173,8 @@ def extra_metrics(
       unfilled slots are masked, not skipped), and the functional update (index_copy /
       cat, out of place so that one graph serves ONNX and ExecuTorch) reads and writes the
       whole cache again: 3x the cache's bytes. A runtime that elides that copy moves less.
+      An in-graph cache (llama::custom_sdpa) reads only the context_len + 1 filled slots of
+      each layer's keys and values, and update_cache writes the one new slot in place.
     """
     element = DTYPE_BYTES[model_dtype]
     batch = feeds["input_ids"].shape[0]
@@ -158,6 +183,9 @@ def extra_metrics(
         params -= details["embedding_parameters"] - batch * details["hidden_size"]
     weights = params * element
     cache = 3 * sum(a.nbytes for n, a in feeds.items() if n.startswith(PAST))
+    if CONTEXT in feeds:  # the cache is in the program: per layer, keys and values of C + 1 slots
+        slots = feeds[CONTEXT].shape[1] + 1
+        cache = 2 * details["layers"] * batch * slots * details["kv_heads"] * details["head_dim"] * element
     achieved = (weights + cache) / (median_ms / 1e3) / 1e9
     out = {
         "decode_bytes_per_step": float(weights + cache),

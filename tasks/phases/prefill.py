@@ -1,6 +1,10 @@
 """Prefill: the whole prompt against an empty KV cache.
 
   input_ids [B, P] -> logits [B, 1, V] (last position), present.{i}.key/value [B, H_kv, P, D]
+
+An in-graph cache (model.kv_cache=update_cache, P slots) is no output: the graph takes
+input_ids [B, P], cache_position [P] (0..P-1) and returns logits only; repeating the call
+rewrites the same slots.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tasks.phases._common import PhaseData, check_span, synthetic_only, tokens
-from tasks.specs import PRESENT, PhaseSpec, at_least, kv_names
+from tasks.specs import IN_GRAPH_KV_CACHES, PRESENT, PhaseSpec, at_least, kv_names
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +38,9 @@ def tokens_per_call(phase: PhaseSpec) -> int:
     return phase.prompt_len
 
 
-def io_names(phase: PhaseSpec, layers: int) -> tuple[list[str], list[str]]:
+def io_names(phase: PhaseSpec, layers: int, kv_cache: str = "static") -> tuple[list[str], list[str]]:
+    if kv_cache in IN_GRAPH_KV_CACHES:
+        return ["input_ids", "cache_position"], ["logits"]
     return ["input_ids"], ["logits", *kv_names(PRESENT, layers)]
 
 
@@ -44,7 +50,10 @@ def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dic
     import torch
 
     gen = torch.Generator().manual_seed(phase.seed)
-    return data_from_prompt(model, tokens(gen, dims["vocab"], (phase.batch, phase.prompt_len)), dims)
+    data = data_from_prompt(model, tokens(gen, dims["vocab"], (phase.batch, phase.prompt_len)), dims)
+    if kv_cache in IN_GRAPH_KV_CACHES:
+        data.feeds["cache_position"] = np.arange(phase.prompt_len, dtype=np.int64)  # [P]
+    return data
 
 
 def data_from_prompt(model: torch.nn.Module, ids: torch.Tensor, dims: dict[str, int]) -> PhaseData:
@@ -63,10 +72,11 @@ def data_from_prompt(model: torch.nn.Module, ids: torch.Tensor, dims: dict[str, 
 
 
 def build_graph(model: torch.nn.Module, phase: PhaseSpec, family: str, kv_cache: str, attention: str) -> torch.nn.Module:
-    from tasks.model.graphs import PrefillGraph, swap_attention
+    from tasks.model.graphs import InGraphCacheGraph, PrefillGraph, swap_attention
 
     swap_attention(model, family, kv_cache, attention)
-    graph = PrefillGraph(model)
+    in_graph = kv_cache in IN_GRAPH_KV_CACHES
+    graph = InGraphCacheGraph(model, phase.batch, phase.prompt_len) if in_graph else PrefillGraph(model)
     graph.kv_cache = kv_cache  # exporters read it: a dynamic cache has a dynamic sequence dim
     return graph.eval()
 
@@ -74,7 +84,8 @@ def build_graph(model: torch.nn.Module, phase: PhaseSpec, family: str, kv_cache:
 def check_parity(session: Any, phase: PhaseSpec, feeds: dict, parity: dict, atol: float) -> dict[str, Any]:
     """One call: its logits against the reference's, and every returned present.* cache
     against the cache the reference filled (a graph that returns a wrong cache would
-    otherwise pass prefill and hand decode garbage)."""
+    otherwise pass prefill and hand decode garbage). An in-graph cache returns none: decode's
+    parity, stepping through the program's own filled cache, checks it."""
     from tasks.measure.parity import compare, summary
     from tasks.model.tensors import as_float32
 
@@ -82,8 +93,9 @@ def check_parity(session: Any, phase: PhaseSpec, feeds: dict, parity: dict, atol
     report = summary([compare(logits, parity["ref_logits"][0], atol)], atol)
     names = [n for n in session.output_names if n.startswith(PRESENT)]
     diffs = [float(np.max(np.abs(as_float32(a) - parity["ref_" + n]))) for n, a in zip(names, present, strict=True)]
-    report["cache_max_abs_diff"] = max(diffs) if diffs else 0.0
-    report["passed"] = report["passed"] and report["cache_max_abs_diff"] <= atol
+    if diffs:
+        report["cache_max_abs_diff"] = max(diffs)
+        report["passed"] = report["passed"] and report["cache_max_abs_diff"] <= atol
     return report
 
 

@@ -11,6 +11,9 @@ conf/backend/. Each is importable without torch (the driver reads its facts) and
   PROFILER: str                (optional) the profiler its session's profile() uses
                                (bench.profile=true needs one; tasks/measure/profiles.py)
   PRELOAD: tuple[str, ...]     (optional) modules its fork server imports once (tasks/worker/forks.py)
+  REFUSES: dict                (optional) {config key: {value: why}}: model choices it cannot
+                               run, planned as skipped with the reason (as the format's);
+                               why may be {device: why} where only some devices cannot
 """
 
 from __future__ import annotations

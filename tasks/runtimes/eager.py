@@ -25,6 +25,8 @@ PRELOAD = ("torch", "transformers", *dict.fromkeys(f.rotary_module for f in FAMI
 MEMORY_FACTOR = 1.5
 DTYPES = {"cpu": ("float32", "float16", "bfloat16"), "cuda": ("float32", "float16", "bfloat16")}
 PROFILER = "torch.profiler, ops by self time, after the timed loop in the same session"
+_CPU_ONLY = {"cuda": "ExecuTorch's llama::update_cache / custom_sdpa have CPU kernels only"}
+REFUSES = {"model.kv_cache": {"update_cache": _CPU_ONLY}, "model.attention": {"custom_sdpa": _CPU_ONLY}}
 
 
 @dataclass(frozen=True)
@@ -74,13 +76,13 @@ class TorchSession(Session):
         """Logits in float32; caches in their own dtype (bfloat16 as uint16 bits)."""
         from tasks.model.tensors import to_numpy
 
-        logits, *rest = self.step(self.place(feeds))
+        logits, *rest = self.step(self.place(self.prepare(feeds)))
         return [self.to_host(logits), *map(to_numpy, rest)]
 
     def bind(self, feeds: dict[str, np.ndarray]):
         """The module on its placed inputs, as a functools.partial (no frame of ours per call);
         timed inside timed_region(), in inference mode."""
-        return partial(self.module, *self.place(feeds).values())
+        return partial(self.module, *self.place(self.prepare(feeds)).values())
 
     def profile(self, feeds: dict[str, np.ndarray], calls: int, folder: Path) -> list[dict[str, Any]]:
         """ATen ops by self time under torch.profiler; the harness calls it inside timed_region()."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.measure.machine import alive
-from tasks.specs import ExportResult, ExportSpec
+from tasks.specs import CONTEXT, ExportResult, ExportSpec
 
 META = "meta.json"
 MANIFEST = "manifest.json"
@@ -128,7 +128,7 @@ def load_export(export_dir: str | Path) -> tuple[dict, dict[str, np.ndarray], di
     export_dir = Path(export_dir)
     meta = json.loads((export_dir / META).read_text())
     with np.load(export_dir / INPUTS) as z:
-        feeds = {name: z[name] for name in meta["input_names"]}
+        feeds = {name: z[name] for name in (*meta["input_names"], *[CONTEXT] * (CONTEXT in z.files))}  # + an in-graph cache's fill
     with np.load(export_dir / PARITY) as z:
         parity = {name: z[name] for name in z.files}
     return meta, feeds, parity
