@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from tasks.export import format_module
-from tasks.model.families import FAMILIES, model_dims
+from tasks.model.families import FAMILIES, check_attention, model_dims
 from tasks.phases import phase_module
 from tasks.runtimes import profiled_runtimes, runtime_module
 from tasks.specs import (
@@ -330,6 +330,10 @@ def _architecture(model: ModelCfg) -> tuple[dict[str, Any], dict[str, int]]:
         dims = model_dims(model.family, arch)
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"model.checkpoint={model.checkpoint!r}: config.json lacks {e}") from None
+    try:  # what the config asks of the attention scores (soft-capping needs model.attention=math)
+        check_attention(model.family, arch, model.attention)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return arch, dims
 
 
