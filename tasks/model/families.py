@@ -71,7 +71,7 @@ class Family:
     embedding_multiplier: str | None = None  # config key scaling the embeddings (Granite)
     logits_divisor: str | None = None  # config key dividing the logits (Granite's logits_scaling)
     final_softcap: str | None = None  # config key: logits = cap * tanh(logits / cap) (Gemma 3)
-    attention_softcap: str | None = None  # config key: scores = cap * tanh(scores / cap) (Gemma 3)
+    attention_softcap: str | None = None  # config key: scores = cap * tanh(scores / cap) (Gemma 2)
     # for estimated_parameters: biases and norms transformers builds
     qkv_bias: bool = False  # q, k, v always carry biases (Qwen2)
     attention_bias_key: str | None = None  # config key giving q, k, v and o biases
@@ -143,11 +143,18 @@ FAMILIES: dict[str, Family] = {
                              max_position_embeddings=131072, tie_word_embeddings=True, attention_bias=False),
         sliding="layer_types",
         rotary_per_layer_type=True,
-        final_softcap="final_logit_softcapping",
-        attention_softcap="attn_logit_softcapping",
+        final_softcap="final_logit_softcapping",  # transformers' Gemma 3 attention ignores attn_logit_softcapping
         attention_bias_key="attention_bias",
         norms_per_layer=4,  # input, post_attention, pre_feedforward, post_feedforward
         refuse=("use_bidirectional_attention",),
+    ),
+    "gemma2": _family(  # Gemma 2: Gemma 3's layout without q/k norms, one rotary, soft-capped scores
+        "gemma2", "Gemma2Config", "Gemma2ForCausalLM", AttentionAdapter(QKV),
+        _llama_like(num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4, hidden_size=2304,
+                    intermediate_size=9216, head_dim=256, vocab_size=256000, max_position_embeddings=8192,
+                    tie_word_embeddings=True, attention_bias=False),
+        sliding="layer_types", final_softcap="final_logit_softcapping", attention_softcap="attn_logit_softcapping",
+        attention_bias_key="attention_bias", norms_per_layer=4, refuse=("use_bidirectional_attention",),
     ),
     "smollm3": _family(
         "smollm3", "SmolLM3Config", "SmolLM3ForCausalLM", AttentionAdapter(QKV),
@@ -202,7 +209,7 @@ def check_architecture(config: dict[str, Any]) -> None:
     it has that the swap lacks (or its unknown model_type)."""
     model_type = config.get("model_type")
     for what, keys in _UNSUPPORTED:
-        found = [k for k in keys if config.get(k)]
+        found = [k for k in keys if config.get(k) not in (None, False, 0, "", [])]  # an empty tower is one too
         if found:
             raise ValueError(
                 f"config model_type={model_type!r} has {what} ({', '.join(found)}); phasesweep swaps "
