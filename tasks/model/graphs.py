@@ -2,10 +2,13 @@
 
 Each decoder layer's `self_attn` is replaced (module swap) by PhaseAttention, which keeps
 the submodules the family's adapter names (tasks/model/families.py: q/k/v or fused qkv
-projections, o_proj, optional per-head q/k norms) and the family's named rotary function,
-but hands the KV-cache update to a tasks/model/kv_cache.py module and the attention itself to a
+projections, o_proj, optional q/k norms) and the family's named rotary function, but hands
+the KV-cache update to a tasks/model/kv_cache.py module and the attention itself to a
 tasks/model/sdpa.py module. The rest of the layer (norms, MLP, residuals) runs as transformers
-wrote it. The swap refuses an attention holding a parameter the adapter does not name.
+wrote it. The swap refuses an attention holding a parameter the adapter does not name. What
+differs per layer (a sliding window, no RoPE, which rotary) is fixed at swap time from the
+config (tasks.model.families.layer_plans); the model-level scalings (embedding multiplier,
+logits divisor, final soft-cap) when the graph is built.
 
 The cache is functional: tensors in, tensors out, threaded through one forward by a
 StepState. Graph signatures (all caches [B, H_kv, S, D]):
