@@ -64,13 +64,13 @@ class Family:
     defaults: dict[str, Any] = field(default_factory=dict)
     # which layers attend within config.sliding_window: "none" (the family ignores it),
     # "all" (every layer when it is set: Mistral, Phi-3), "layer_types" (the layers
-    # config.layer_types marks "sliding_attention": Qwen2/3, Gemma 3, SmolLM3)
+    # config.layer_types marks "sliding_attention": Qwen2/3, Gemma 2/3, SmolLM3)
     sliding: str = "none"
     no_rope_key: str | None = None  # config key: per layer 1 = RoPE, 0 = none (SmolLM3's no_rope_layers)
     rotary_per_layer_type: bool = False  # rotary_emb(x, pos, layer_type): local vs global bases (Gemma 3)
     embedding_multiplier: str | None = None  # config key scaling the embeddings (Granite)
     logits_divisor: str | None = None  # config key dividing the logits (Granite's logits_scaling)
-    final_softcap: str | None = None  # config key: logits = cap * tanh(logits / cap) (Gemma 3)
+    final_softcap: str | None = None  # config key: logits = cap * tanh(logits / cap) (Gemma 2 and 3)
     attention_softcap: str | None = None  # config key: scores = cap * tanh(scores / cap) (Gemma 2)
     # for estimated_parameters: biases and norms transformers builds
     qkv_bias: bool = False  # q, k, v always carry biases (Qwen2)
@@ -78,6 +78,10 @@ class Family:
     mlp_bias_key: str | None = None  # config key giving gate, up and down biases
     norms_per_layer: int = 2  # hidden-size norms in a decoder layer (Gemma 3: 4)
     refuse: tuple[str, ...] = ()  # config keys that must be false: modes the swap does not model
+
+    def __post_init__(self):
+        if self.sliding not in ("none", "all", "layer_types"):
+            raise ValueError(f"{self.model_type}: sliding={self.sliding!r}; choose none, all or layer_types")
 
 
 def _llama_like(**overrides: Any) -> dict[str, Any]:
