@@ -216,3 +216,33 @@ def test_every_family_through_every_backend(planned_variant, family, backend, ph
     assert result.ok, result.failure and (result.failure.error + result.failure.traceback)
     assert result.parity["passed"] and result.parity["top1_agreement"] == 1.0, result.parity
     assert result.parity["steps"] == (8 if phase == "decode" else 1)
+
+
+@pytest.mark.slow  # two ExecuTorch lowerings
+def test_a_tanh_gelu_keeps_its_function_through_xnnpack():
+    """XNNPACK lowers aten.gelu as the exact GELU whatever `approximate` says (Gemma's MLP is a
+    tanh GELU): written out before lowering, the .pte matches eager; an exact GELU stays one op.
+    Without the rewrite the delegate is off by ~3e-4: when ExecuTorch honours `approximate`,
+    the first assertion below fails and tasks/export/_gelu_tanh.py can go."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    from tasks.export._gelu_tanh import write_out_tanh_gelu
+
+    class Gelus(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.gelu(x, approximate="tanh") + torch.nn.functional.gelu(x)
+
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)) * 3
+    program = torch.export.export(Gelus(), (x,), strict=False)
+
+    def through_xnnpack(prog):
+        pte = to_edge_transform_and_lower(prog, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+        return Runtime.get().load_program(pte).load_method("forward").execute([x])[0]
+
+    assert (through_xnnpack(program) - Gelus()(x)).abs().max() > 1e-4  # the lowering's own error
+    written = write_out_tanh_gelu(program)
+    gelus = [n.kwargs for n in written.graph.nodes if n.target is torch.ops.aten.gelu.default]
+    assert gelus == [{}]  # the exact GELU, untouched
+    assert (through_xnnpack(written) - Gelus()(x)).abs().max() < 1e-5

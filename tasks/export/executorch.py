@@ -75,6 +75,7 @@ def export(
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import to_edge_transform_and_lower
 
+    from tasks.export._gelu_tanh import write_out_tanh_gelu
     from tasks.export._shapes import dynamic_shapes
 
     opts = Options(**options)
@@ -82,6 +83,8 @@ def export(
         program = torch.export.export(
             graph, args, dynamic_shapes=dynamic_shapes(graph, args, input_names), strict=False
         )
+        if opts.delegate == "xnnpack":  # XNNPACK would run a tanh GELU as an exact one
+            program = write_out_tanh_gelu(program)
         edge = to_edge_transform_and_lower(
             program,
             transform_passes=[_pass(name) for name in opts.passes],
