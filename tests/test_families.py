@@ -246,3 +246,18 @@ def test_a_tanh_gelu_keeps_its_function_through_xnnpack():
     gelus = [n.kwargs for n in written.graph.nodes if n.target is torch.ops.aten.gelu.default]
     assert gelus == [{}]  # the exact GELU, untouched
     assert (through_xnnpack(written) - Gelus()(x)).abs().max() < 1e-5
+
+
+@pytest.mark.slow  # a generate() run of the bundled example
+def test_a_capture_past_a_sliding_window_is_refused_by_its_cause(tmp_path):
+    """generate()'s cache keeps a sliding layer's last positions only: the capture says so."""
+    from tasks.phases import captured
+    from tasks.specs import CaptureOptions, CaptureSpec
+    from tests.conftest import ROOT
+
+    spec = CaptureSpec(
+        key="t", model=model_spec("mistral"), app="examples.generate_app:run", options=CaptureOptions(),
+        parity_steps=8, store=str(tmp_path), app_path=str(ROOT), threads=1,
+    )  # fmt: skip
+    result = captured.capture_job(spec)
+    assert not result.ok and "layer 0's cache keeps only its sliding window's last positions" in result.failure.error
