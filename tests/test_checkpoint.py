@@ -92,12 +92,12 @@ BROKEN = {
         "model.safetensors is truncated",
     ),
     "garbage": (lambda d: (d / "model.safetensors").write_bytes(b"\xff" * 64), "not a readable safetensors file"),
-    "moe": (lambda d: edit_config(d, num_local_experts=8), "num_local_experts=8: mixture-of-experts"),
+    "moe": (lambda d: edit_config(d, num_local_experts=8), "has mixture-of-experts MLPs \\(num_local_experts\\)"),
     "quantized": (lambda d: edit_config(d, quantization_config={"quant_method": "gptq"}), "quant_method='gptq'"),
-    "multimodal": (lambda d: edit_config(d, vision_config={"hidden_size": 8}), "multimodal models are not supported"),
+    "multimodal": (lambda d: edit_config(d, vision_config={"hidden_size": 8}), "has multimodal towers \\(vision_config\\)"),
     "unknown-family": (
         lambda d: edit_config(d, model_type="starcoder2", architectures=["Starcoder2ForCausalLM"]),
-        "config model_type='starcoder2' belongs to no model.family; known: " + ", ".join(FAMILIES),
+        "config model_type='starcoder2' belongs to no model.family; known: " + ", ".join(f.model_type for f in FAMILIES.values()),
     ),
 }
 

@@ -65,7 +65,7 @@ def test_launcher_is_ours(hydra_compose):
     [
         ("model.kv_cache=paged", "model.kv_cache='paged' is not allowed; choose one of: static, dynamic"),
         ("model.attention=flash", "model.attention='flash' is not allowed; choose one of: sdpa, math"),
-        ("model.size=70b", "model.size='70b' is not allowed; choose one of: tiny, 1b"),
+        ("model.size=70b", "model.size='70b' is not allowed; choose one of: tiny, smollm2-135m, smollm2-360m, 1b, 3b"),
         ("model.dtype=int3", "model.dtype='int3' is not allowed; choose one of: float32, float16, bfloat16"),
         ("phase.batch=0", "phase.batch=0 must be >= 1"),
         ("phase.batch=two", "phase.batch='two'"),

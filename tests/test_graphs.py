@@ -80,39 +80,3 @@ def test_context_at_the_model_maximum(tmp_path):
     phase = PhaseSpec("decode", batch=1, context_len=4088, parity_steps=8)
     parity = eager_parity(tmp_path, "llama", phase)
     assert parity["passed"] and parity["steps"] == 8
-
-
-def test_an_adapter_with_qk_norms_matches_transformers(monkeypatch):
-    """Per-head q/k norms before RoPE, as transformers' Qwen3 applies them: a Qwen3 entry
-    added to the family table swaps and matches the unmodified model, prefill then decode."""
-    import torch
-    import transformers
-
-    from tasks.model import families
-    from tasks.model.graphs import DecodeGraph, PrefillGraph, swap_attention
-
-    qwen3 = families.Family(
-        model_type="qwen3",
-        config_class="Qwen3Config",
-        model_class="Qwen3ForCausalLM",
-        rotary_module="transformers.models.qwen3.modeling_qwen3",
-        rotary_function="apply_rotary_pos_emb",
-        attention=families.AttentionAdapter(("q_proj", "k_proj", "v_proj"), "o_proj", "q_norm", "k_norm"),
-        defaults={k: None for k in ("sliding_window", "head_dim", "num_key_value_heads")},
-    )
-    monkeypatch.setitem(families.FAMILIES, "qwen3", qwen3)
-    arch = {k: v for k, v in model_spec("llama").arch.items() if k != "pad_token_id"}
-    config = transformers.Qwen3Config(**arch, attn_implementation="eager")
-    torch.manual_seed(0)
-    model = transformers.Qwen3ForCausalLM(config).eval()
-    for layer in model.model.layers:  # non-trivial norm weights, so a skipped norm shows
-        for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
-            torch.nn.init.uniform_(norm.weight, 0.5, 1.5)
-    ids = torch.randint(0, 512, (2, 9), generator=torch.Generator().manual_seed(0))  # [B, P+1]
-    with torch.no_grad():
-        ref = model(input_ids=ids).logits  # [B, P+1, V]
-        swap_attention(model, "qwen3", "dynamic", "sdpa")
-        logits, *present = PrefillGraph(model)(ids[:, :8])
-        torch.testing.assert_close(logits, ref[:, 7:8], atol=1e-4, rtol=1e-4)
-        logits, *_ = DecodeGraph(model)(ids[:, 8:], torch.tensor([8]), *present)
-        torch.testing.assert_close(logits, ref[:, 8:9], atol=1e-4, rtol=1e-4)

@@ -19,7 +19,7 @@ def preset(name: str) -> dict:
     return yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text())
 
 
-@pytest.mark.parametrize("name", ["llama", "phi3"])
+@pytest.mark.parametrize("name", families.FAMILIES)
 def test_tiny_preset_dims(name):
     model = build_model(model_spec(name))
     dims = model_dims(model)
@@ -35,7 +35,7 @@ def test_same_seed_same_weights_other_seed_other_weights():
     assert torch.equal(a[key], b[key]) and not torch.equal(a[key], c[key])
 
 
-@pytest.mark.parametrize("name", ["llama", "phi3"])
+@pytest.mark.parametrize("name", families.FAMILIES)
 def test_checkpoint_loads_the_saved_weights(tmp_path, name):
     original = build_model(model_spec(name, seed=7))
     original.save_pretrained(tmp_path, safe_serialization=True)
@@ -106,25 +106,25 @@ def test_torch_free_dims_from_the_config_match_the_built_model(name, size):
     dims = families.model_dims(name, arch)
     assert dims == model_dims(model)
     assert dims == families.model_dims(name, model.config.to_dict())
-    assert set(dims) == {"layers", "heads", "kv_heads", "head_dim", "vocab", "max_positions", "sliding_window"}
+    assert set(dims) == {"layers", "heads", "kv_heads", "head_dim", "vocab", "max_positions"}
 
 
 def test_torch_free_dims_apply_the_family_defaults():
     assert families.model_dims("llama", {}) == {
         "layers": 32, "heads": 32, "kv_heads": 32, "head_dim": 128,
-        "vocab": 32000, "max_positions": 2048, "sliding_window": 0,
+        "vocab": 32000, "max_positions": 2048,
     }  # fmt: skip
-    phi3 = families.model_dims("phi3", {"num_key_value_heads": 8, "sliding_window": 2047})
-    assert (phi3["head_dim"], phi3["kv_heads"], phi3["sliding_window"]) == (96, 8, 2047)
+    phi3 = families.model_dims("phi3", {"num_key_value_heads": 8})
+    assert (phi3["head_dim"], phi3["kv_heads"]) == (96, 8)
 
 
 def test_unknown_family_is_refused_with_the_choices():
-    with pytest.raises(ValueError, match=r"model.family='mistral' is unknown; choose one of llama, phi3"):
-        families.model_dims("mistral", {})
-    with pytest.raises(ValueError, match=r"model.family='mistral' is unknown"):
-        build_model(model_spec("llama", family="mistral"))
-    with pytest.raises(ValueError, match=r"model_type='mistral' belongs to no model.family"):
-        families.family_of("mistral")
+    with pytest.raises(ValueError, match=r"model.family='mamba' is unknown; choose one of llama, phi3, mistral"):
+        families.model_dims("mamba", {})
+    with pytest.raises(ValueError, match=r"model.family='mamba' is unknown"):
+        build_model(model_spec("llama", family="mamba"))
+    with pytest.raises(ValueError, match=r"model_type='mamba' belongs to no model.family"):
+        families.family_of("mamba")
 
 
 def test_families_import_no_torch():

@@ -302,16 +302,16 @@ def test_more_threads_than_a_bench_node_has_is_refused_when_planning():
 )
 def test_driver_estimates_weight_bytes_without_torch(model, size, params):
     """The driver sizes memory requests from the config: within 0.01% of the real count."""
-    from orchestrator.plan.variant import estimated_parameters
+    from tasks.model.families import estimated_parameters
 
     v = plan_of(model=model, **{"model.size": size}).variants[0].variant
     if params:
-        assert estimated_parameters(v.model.arch) == pytest.approx(params, rel=1e-4)
+        assert estimated_parameters(v.model.family, v.model.arch) == pytest.approx(params, rel=1e-4)
         assert v.weight_bytes == pytest.approx(4 * params, rel=1e-4)
     else:
         from tasks.model.models import build_model
 
-        assert estimated_parameters(v.model.arch) == sum(p.numel() for p in build_model(v.model).parameters())
+        assert estimated_parameters(v.model.family, v.model.arch) == sum(p.numel() for p in build_model(v.model).parameters())
 
 
 def test_a_skipped_dtype_twin_gets_its_own_name_and_equal_skipped_work_is_one():

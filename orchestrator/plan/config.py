@@ -19,7 +19,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from orchestrator.plan.checks import EXPERIMENT_NAME_MAX, check_bench, safe_name, typed
 from tasks.export import format_module
 from tasks.model.checkpoint import read_checkpoint
-from tasks.model.families import FAMILIES, model_dims
+from tasks.model.families import FAMILIES, check_attention, model_dims
 from tasks.phases import phase_module
 from tasks.runtimes import profiled_runtimes, runtime_module
 from tasks.specs import (
@@ -322,6 +322,10 @@ def _architecture(model: ModelCfg, chosen: str | None, named: bool) -> _Model:
         dims = model_dims(model.family, arch)
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"model.checkpoint={model.checkpoint!r}: config.json lacks {e}") from None
+    try:  # what the config asks of the attention scores (soft-capping needs model.attention=math)
+        check_attention(model.family, arch, model.attention, model.kv_cache)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return arch, dims, parameters
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from orchestrator.plan.config import BackendCfg, DeviceCfg, SweepPoint
 from tasks.export import format_module
+from tasks.model.families import estimated_parameters
 from tasks.phases import label
 from tasks.runtimes import runtime_module
 from tasks.specs import DTYPE_BYTES, BenchOptions, ModelSpec, PhaseSpec
@@ -46,18 +47,6 @@ def _checkpoint_identity(path: str | None) -> dict[str, Any] | None:
         "path": str(root),
         "files": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files if p.exists()],
     }
-
-
-def estimated_parameters(arch: dict[str, Any]) -> int:
-    """Parameters of a Llama-layout decoder (Llama, Phi-3, ...) from its config alone: the
-    driver sizes memory requests with it and never builds the model."""
-    h, layers, heads = arch["hidden_size"], arch["num_hidden_layers"], arch["num_attention_heads"]
-    kv = arch.get("num_key_value_heads") or heads
-    d = arch.get("head_dim") or h // heads
-    attention = h * heads * d + 2 * h * kv * d + heads * d * h  # q, k, v, o
-    mlp = 3 * h * arch["intermediate_size"]  # gate, up, down
-    embeddings = arch["vocab_size"] * h * (1 if arch.get("tie_word_embeddings") else 2)
-    return layers * (attention + mlp + 2 * h) + embeddings + h  # + norms
 
 
 @cache
@@ -174,7 +163,7 @@ class Variant:
             kv_cache=m.kv_cache,
             attention=m.attention,
         )
-        weight_bytes = (point.parameters or estimated_parameters(point.arch)) * DTYPE_BYTES[m.dtype]
+        weight_bytes = (point.parameters or estimated_parameters(m.family, point.arch)) * DTYPE_BYTES[m.dtype]
         if memo is not None:
             memo.models[id(m)] = (m, model, weight_bytes)
         return cls(model, point.phase, point.backend, point.device, point.bench, tuple(overrides), weight_bytes)

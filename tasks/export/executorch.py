@@ -82,6 +82,7 @@ def export(
     from executorch.exir.passes import MemoryPlanningPass
     from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
 
+    from tasks.export._gelu_tanh import write_out_tanh_gelu
     from tasks.export._shapes import dynamic_shapes, example_args
 
     opts = Options(**options)
@@ -91,6 +92,8 @@ def export(
         program = torch.export.export(
             graph, args, dynamic_shapes=dynamic_shapes(graph, args, input_names), strict=False
         )
+        if opts.delegate == "xnnpack":  # XNNPACK would run a tanh GELU as an exact one
+            program = write_out_tanh_gelu(program)
         edge = to_edge_transform_and_lower(
             program,
             transform_passes=[_pass(name) for name in opts.passes],

@@ -2,10 +2,13 @@
 
 Each decoder layer's `self_attn` is replaced (module swap) by PhaseAttention, which keeps
 the submodules the family's adapter names (tasks/model/families.py: q/k/v or fused qkv
-projections, o_proj, optional per-head q/k norms) and the family's named rotary function,
-but hands the KV-cache update to a tasks/model/kv_cache.py module and the attention itself to a
+projections, o_proj, optional q/k norms) and the family's named rotary function, but hands
+the KV-cache update to a tasks/model/kv_cache.py module and the attention itself to a
 tasks/model/sdpa.py module. The rest of the layer (norms, MLP, residuals) runs as transformers
-wrote it. The swap refuses an attention holding a parameter the adapter does not name.
+wrote it. The swap refuses an attention holding a parameter the adapter does not name. What
+differs per layer (a sliding window, no RoPE, which rotary) is fixed at swap time from the
+config (tasks.model.families.layer_plans); the model-level scalings (embedding multiplier,
+logits divisor, final soft-cap) when the graph is built.
 
 The cache is functional: tensors in, tensors out, threaded through one forward by a
 StepState. Graph signatures (all caches [B, H_kv, S, D]):
@@ -27,7 +30,7 @@ import torch
 from torch import nn
 
 from tasks.model import families
-from tasks.model.families import AttentionAdapter
+from tasks.model.families import AttentionAdapter, LayerPlan
 from tasks.model.kv_cache import make_kv_cache
 from tasks.model.sdpa import make_attention
 
@@ -57,15 +60,20 @@ class PhaseAttention(nn.Module):
         layer_idx: int,
         kv_cache: nn.Module,
         attention: nn.Module,
+        plan: LayerPlan | None = None,  # None: full causal attention with RoPE
+        softcap: float | None = None,  # attention logits soft-capping (Gemma 3's attn_logit_softcapping)
     ):
         super().__init__()
+        plan = plan or LayerPlan(window=0, rope=True, rotary=None)
         self.original = original  # owns the submodules the adapter names, and their weights
         self.layer_idx = layer_idx
         self.kv_cache = kv_cache
         self.attention = attention
         self.heads, self.kv_heads, self.head_dim = dims["heads"], dims["kv_heads"], dims["head_dim"]
-        self.scale = original.scaling
-        self.apply_rope = rotary
+        self.scale = original.scaling  # the family's own (query_pre_attn_scalar, attention_multiplier, ...)
+        self.apply_rope = rotary if plan.rope else None
+        self.window = plan.window  # 0: full causal attention
+        self.softcap = softcap
         self.adapter = adapter  # names of the original's submodules this forward calls
 
     def _sub(self, name: str) -> nn.Module:
@@ -80,19 +88,26 @@ class PhaseAttention(nn.Module):
         q_proj, k_proj, v_proj = (self._sub(n) for n in names)
         return q_proj(x), k_proj(x), v_proj(x)
 
+    def _norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._sub(self.adapter.q_norm)(q), self._sub(self.adapter.k_norm)(k)
+
     def forward(self, hidden_states, position_embeddings=None, cache: StepState | None = None, **_):
         b, s, _h = hidden_states.shape
         q, k, v = self._project(hidden_states)  # [B, S, H*D], [B, S, H_kv*D] x2
+        norm = self.adapter.q_norm is not None
+        if norm and self.adapter.qk_norm_scope == "all":  # over the whole projection (OLMo 2)
+            q, k = self._norm_qk(q, k)
         q = q.view(b, s, -1, self.head_dim)  # [B, S, H, D]
         k = k.view(b, s, -1, self.head_dim)  # [B, S, H_kv, D]
-        if self.adapter.q_norm:  # per head over D, before RoPE, as transformers does (Qwen3)
-            q, k = self._sub(self.adapter.q_norm)(q), self._sub(self.adapter.k_norm)(k)
+        if norm and self.adapter.qk_norm_scope == "head":  # per head over D, before RoPE (Qwen3, Gemma 3)
+            q, k = self._norm_qk(q, k)
         q = q.transpose(1, 2)  # [B, H, S, D]
         k = k.transpose(1, 2)  # [B, H_kv, S, D]
         v = v.view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, H_kv, S, D]
-        cos, sin = position_embeddings
-        q, k = self.apply_rope(q, k, cos, sin)
-        if cache.start is not None:  # the cache in the graph, [B, S_max, H_kv, D]: custom ops
+        if self.apply_rope is not None:  # None: a layer without positions (SmolLM3's NoPE layers)
+            cos, sin = position_embeddings
+            q, k = self.apply_rope(q, k, cos, sin)
+        if cache.start is not None:  # the cache in the graph, [B, S_max, H_kv, D]: custom ops (full causal only)
             k_all, v_all = self.kv_cache.update(k.transpose(1, 2), v.transpose(1, 2), cache.start)
             out = self.attention(q.transpose(1, 2), k_all, v_all, cache.start, self.scale)  # [B, S, H, D]
             return self._sub(self.adapter.o_proj)(out.reshape(b, s, self.heads * self.head_dim)), None
@@ -105,10 +120,13 @@ class PhaseAttention(nn.Module):
         cache.present[self.layer_idx] = (k_all, v_all)
 
         # query i (at cache_position[i]) may see key j iff j <= cache_position[i]; this is
-        # causal for prefill and hides unfilled slots of a static cache
+        # causal for prefill and hides unfilled slots of a static cache. A sliding layer also
+        # hides keys at or before cache_position[i] - window (transformers' sliding_window_overlay)
         key_pos = torch.arange(k_all.shape[2], device=q.device)
         mask = key_pos[None, :] <= cache.cache_position[:, None]  # [S_q, S_kv]
-        out = self.attention(q, k_all, v_all, mask, self.scale)  # [B, H, S, D]
+        if self.window:
+            mask = mask & (key_pos[None, :] > cache.cache_position[:, None] - self.window)
+        out = self.attention(q, k_all, v_all, mask, self.scale, self.softcap)  # [B, H, S, D]
         out = out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)  # [B, S, H*D]
         return self._sub(self.adapter.o_proj)(out), None
 
@@ -134,18 +152,25 @@ def check_adapter(original: nn.Module, adapter: AttentionAdapter, family: str, l
 
 def swap_attention(model: nn.Module, family: str, kv_cache: str, attention: str) -> nn.Module:
     """Replace every layer's self_attn by PhaseAttention, in place, after checking that the
-    family's adapter names every parameter the original attention holds."""
+    family's adapter names every parameter the original attention holds. Each layer's window,
+    RoPE and rotary come from the config here, once (tasks.model.families.layer_plans)."""
     fam = families.get_family(family)
     rotary = getattr(importlib.import_module(fam.rotary_module), fam.rotary_function)
-    dims = families.model_dims(family, model.config.to_dict())
+    config = model.config.to_dict()
+    families.check_architecture(config)
+    families.check_attention(family, config, attention, kv_cache)
+    dims = families.model_dims(family, config)
+    plans = families.layer_plans(family, config)
+    softcap = families.graph_scalings(family, config)["attention_softcap"]
     for idx, layer in enumerate(model.model.layers):
         original = layer.self_attn
         if isinstance(original, PhaseAttention):
             original = original.original
         check_adapter(original, fam.attention, family, idx)
         layer.self_attn = PhaseAttention(
-            original, fam.attention, rotary, dims, idx, make_kv_cache(kv_cache), make_attention(attention)
-        )
+            original, fam.attention, rotary, dims, idx, make_kv_cache(kv_cache), make_attention(attention),
+            plans[idx], softcap,
+        )  # fmt: skip
     return model
 
 
@@ -154,17 +179,31 @@ class _PhaseGraph(nn.Module):
         super().__init__()
         self.lm = model
         self.layers = model.config.num_hidden_layers
+        config = model.config.to_dict()
+        family = families.family_of(model.config.model_type)
+        self.scalings = families.graph_scalings(family, config)  # floats or None, fixed at build time
+        self.rotary_types = [p.rotary for p in families.layer_plans(family, config)]
 
     def _step(self, input_ids, cache_position, past, start=None) -> tuple[torch.Tensor, ...]:
         inner = self.lm.model
-        h = inner.embed_tokens(input_ids)  # [B, S, hidden]
+        h = inner.embed_tokens(input_ids)  # [B, S, hidden] (Gemma 3's module scales it itself)
+        if self.scalings["embedding_multiplier"] is not None:  # Granite
+            h = h * self.scalings["embedding_multiplier"]
         position_ids = cache_position.unsqueeze(0).expand(input_ids.shape[0], -1)  # [B, S]
-        pos_emb = inner.rotary_emb(h, position_ids=position_ids)
+        if self.rotary_types[0] is None:  # one rotary for every layer
+            pos_emb = [inner.rotary_emb(h, position_ids=position_ids)] * self.layers
+        else:  # a rotary per layer type (Gemma 3: local and global bases), each computed once
+            by_type = {t: inner.rotary_emb(h, position_ids, t) for t in dict.fromkeys(self.rotary_types)}
+            pos_emb = [by_type[t] for t in self.rotary_types]
         state = StepState(cache_position, past, self.layers, start)
-        for layer in inner.layers[: self.layers]:
-            h = layer(h, position_embeddings=pos_emb, position_ids=position_ids, cache=state)
+        for layer, emb in zip(inner.layers[: self.layers], pos_emb, strict=True):
+            h = layer(h, position_embeddings=emb, position_ids=position_ids, cache=state)
         h = inner.norm(h[:, -1:])  # [B, 1, hidden]: only the last position's logits are used
         logits = self.lm.lm_head(h)  # [B, 1, V]
+        if self.scalings["logits_divisor"] is not None:  # Granite's logits_scaling
+            logits = logits / self.scalings["logits_divisor"]
+        if (cap := self.scalings["final_softcap"]) is not None:  # Gemma 3's final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
         return (logits, *[t for kv in state.present if kv is not None for t in kv])
 
 

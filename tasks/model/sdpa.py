@@ -2,7 +2,9 @@
 
 sdpa and math take q [B, H, S_q, D], k, v [B, H_kv, S_kv, D] and a boolean mask [S_q, S_kv]
 (True = may attend), and handle grouped-query attention (H a multiple of H_kv) by repeating
-key/value heads.
+key/value heads. Soft-capping of the scores (cap * tanh(scores / cap), Gemma's
+attn_logit_softcapping) needs the scores written out: math applies it, sdpa and custom_sdpa
+refuse it (tasks.model.families.check_attention says so at plan time).
 
 custom_sdpa is ExecuTorch's llama::custom_sdpa on q [B, S_q, H, D] and the in-graph cache
 [B, S_max, H_kv, D] (model.kv_cache=update_cache): it handles GQA and the causal mask from
@@ -29,7 +31,9 @@ class SDPA(nn.Module):
 
     name = "sdpa"
 
-    def forward(self, q, k, v, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    def forward(self, q, k, v, mask: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor:
+        if softcap is not None:
+            raise ValueError(f"model.attention='sdpa' cannot soft-cap attention scores (cap {softcap}); choose math")
         groups = q.shape[1] // k.shape[1]
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # [B, H, S_kv, D]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, H, S_q, D]
@@ -40,10 +44,12 @@ class MathAttention(nn.Module):
 
     name = "math"
 
-    def forward(self, q, k, v, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    def forward(self, q, k, v, mask: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor:
         groups = q.shape[1] // k.shape[1]
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)
         scores = torch.matmul(q, k.transpose(2, 3)) * scale  # [B, H, S_q, S_kv]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
         return torch.matmul(probs, v)  # [B, H, S_q, D]

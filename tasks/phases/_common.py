@@ -39,19 +39,11 @@ def tokens(gen: torch.Generator, vocab: int, shape: tuple[int, ...]) -> torch.Te
 
 
 def check_span(key: str, span: int, dims: dict[str, int]) -> None:
-    """`span` positions must fit the model: its maximum positions and any sliding window
-    (phasesweep's attention modules attend over the whole cache: past the window the
-    model and its eager reference would attend differently)."""
-    window = dims.get("sliding_window", 0)
-    if window and span > window:
-        raise ConfigError(
-            f"the model attends within a sliding_window={window}, and phase needs {span} positions "
-            f"({key}); phasesweep's attention is full attention: keep it <= {window}"
-        )
+    """`span` positions must fit the model's maximum positions (a sliding window does not
+    limit it: sliding layers mask the keys older than their window)."""
     limit = dims["max_positions"]
     if span > limit:
         raise ConfigError(f"{key}={span} exceeds the model's max_position_embeddings={limit}")
-
 
 
 def synthetic_only(phase: PhaseSpec) -> None:

@@ -83,6 +83,12 @@ class Recorder:
 
         for i, ((k, v), (ks, vs)) in enumerate(zip(_layers(cache), seq.layers, strict=True)):
             if not (torch.equal(k[:, :, : seq.length], ks) and torch.equal(v[:, :, : seq.length], vs)):
+                if getattr(cache.layers[i], "is_sliding", False):  # transformers' sliding-window cache layer
+                    raise Refused(
+                        f"call {index}: layer {i}'s cache keeps only its sliding window's last positions, and "
+                        "phasesweep replays caches holding every position: capture a loop within the window, "
+                        "or measure such a model with phase=decode"
+                    )
                 raise Refused(
                     f"call {index}: the application's cache changed positions it held before (layer {i}); "
                     "phasesweep captures caches that only grow (beam search and cache cropping rewrite them: "

@@ -91,8 +91,12 @@ def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dic
     b = phase.batch
     ctx = tokens(gen, dims["vocab"], (b, phase.context_len))  # [B, C]
     steps = tokens(gen, dims["vocab"], (b, phase.parity_steps))  # [B, N]
+    from transformers import DynamicCache
+
     with torch.inference_mode():
-        cache = model(input_ids=ctx, use_cache=True).cache  # reference DynamicCache holding C positions
+        # a DynamicCache without the config keeps every position of every layer (with it, sliding
+        # layers keep only their window); the model still masks sliding layers by their window
+        cache = model(input_ids=ctx, use_cache=True, cache=DynamicCache()).cache  # C positions
     data = data_from_cache(model, phase, kv_cache, dims, cache, steps)
     if kv_cache in IN_GRAPH_KV_CACHES:  # the program's own cache is filled with the context
         data.feeds[CONTEXT] = ctx.numpy()

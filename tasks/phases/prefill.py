@@ -60,9 +60,10 @@ def data_from_prompt(model: torch.nn.Module, ids: torch.Tensor, dims: dict[str, 
     """A prefill call's data from its prompt [B, P]: the reference's last-position logits and
     the cache it fills."""
     import torch
+    from transformers import DynamicCache
 
-    with torch.inference_mode():
-        out = model(input_ids=ids, use_cache=True)
+    with torch.inference_mode():  # without the config, sliding layers' caches keep every position too
+        out = model(input_ids=ids, use_cache=True, cache=DynamicCache())
     ref = {"ref_logits": out.logits[:, -1:][None].float().numpy()}  # [1, B, 1, V]
     names = iter(kv_names(PRESENT, dims["layers"]))
     for layer in out.cache.layers:
