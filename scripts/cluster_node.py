@@ -296,7 +296,12 @@ def start(kind: str, opts: dict) -> int:
         if ip == "127.0.0.1":  # beside a head at 127.0.0.1: every address kept on loopback
             cmd = [sys.executable, str(HERE / "ray_loopback.py"), "start", f"--address={gcs}", f"--resources={BENCH}"]
     folder = base() / name
-    folder.mkdir(parents=True)
+    try:
+        folder.mkdir(parents=True)
+    except FileExistsError:
+        raise Refused(
+            f"{folder} exists: a node {name} of this user runs here; scripts/cluster.sh stop {name} first"
+        ) from None
     cmd += [f"--temp-dir={folder}", f"--node-ip-address={ip}", *args, *opts["resources"], *opts["cpus"], *extra]
     node = {"kind": kind, "name": name, "folder": str(folder), "ip": ip, "gcs_address": gcs, "ports": ports}
     if kind == "head":
@@ -308,16 +313,20 @@ def start(kind: str, opts: dict) -> int:
         )
         node["sid"] = proc.pid
         write(folder, node)
-        rc = proc.wait()
+        try:
+            rc = proc.wait(timeout=max(300.0, WAIT_S))
+        except subprocess.TimeoutExpired:
+            rc = None
     failed = None
-    if rc != 0:
-        failed = ("ray start", f"`ray start` exited {rc}", folder / "ray_start.log")
+    if rc != 0:  # None too
+        why = f"`ray start` exited {rc}" if rc is not None else "`ray start` did not return"
+        failed = ("ray start", why, folder / "ray_start.log")
     else:
         down = wait_up(node, folder, time.monotonic() + WAIT_S)
         if down:
             failed = (down[0], f"{down[1]} after {WAIT_S:.0f} s", folder / "session_latest" / "logs" / LOGS[down[0]])
     if failed:
-        what, why, log_path = failed
+        _, why, log_path = failed
         quoted = f"{log_path.relative_to(folder)}: {last_error(log_path)}"
         left = end(node_processes(folder, node["sid"]))
         shutil.rmtree(folder, ignore_errors=True)
