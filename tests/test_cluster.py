@@ -347,8 +347,9 @@ def test_nothing_the_cluster_test_started_is_left_running(submitted):
     cluster, *_, left, server = submitted
     assert left == [], f"Ray processes outlived the stop: {left}"
     assert server == [], f"tracking server processes outlived the stop: {server}"
-    # every node's folder removed, the worker's included (no ray-node-* folder anywhere in TMPDIR)
-    assert [p.name for p in cluster.tmp.iterdir()] == [f"psw-ray-{os.getuid()}"]
+    # every node's folder removed, the worker's included: no Ray folder in TMPDIR (where the nodes'
+    # processes keep other things of their own, phasesweep's fork servers' included)
+    assert not [p.name for p in cluster.tmp.iterdir() if p.name.startswith(("ray", "session_"))]
     assert list((cluster.tmp / f"psw-ray-{os.getuid()}").iterdir()) == []
 
 
