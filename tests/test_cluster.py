@@ -17,7 +17,6 @@ import glob
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -116,14 +115,18 @@ MISSION = ["-m", "model=llama,phi3", "phase=prefill,decode", "backend=onnxruntim
 # while the other was still making an ExecuTorch export (seen twice).
 REPEATS = 2
 SUBMITTED_BENCH = [*(o for o in FAST_OVERRIDES if not o.startswith("bench.repeats=")), f"bench.repeats={REPEATS}"]
-VARIANTS = {f"{m}_{p}_{b}_cpu" for m in ("llama", "phi3") for p in ("prefill", "decode") for b in ("onnxruntime", "executorch")}
+VARIANTS = {
+    f"{m}_{p}_{b}_cpu" for m in ("llama", "phi3") for p in ("prefill", "decode") for b in ("onnxruntime", "executorch")
+}
 needs_postgres = pytest.mark.skipif(
     not glob.glob("/usr/lib/postgresql/*/bin/initdb"),
     reason="needs Debian's postgresql package (apt-get install postgresql; .ci/run installs it)",
 )
 
 
-def run(cmd: list[str], env: dict[str, str], timeout: float = 300, session: bool = False) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str], env: dict[str, str], timeout: float = 300, session: bool = False
+) -> subprocess.CompletedProcess:
     """A script as a user runs it; `session`: in a session of its own (what it starts stays there)."""
     return subprocess.run(
         cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, start_new_session=session
@@ -131,51 +134,66 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 300, session: bool
 
 
 class LoopbackCluster:
-    """A tracking server and a two-node Ray cluster on 127.0.0.1, each node with its own export
-    cache, every process of it in sessions this test started (so it stops them, and only them:
-    `ray stop` would end every Ray of the machine, another test's too)."""
+    """A tracking server and a Ray cluster on 127.0.0.1 started by scripts/cluster.sh, each node
+    with its own export cache, and stopped by it, node by node (`ray stop` would end every Ray of
+    the machine, another test's too). `user`: another LoopbackCluster of the same user (its HOME,
+    token, node base and tracking server), a second cluster beside it."""
 
-    def __init__(self, folder: Path):
-        self.folder = folder
-        self.sessions: list[int] = []
-        clean = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING_", "RAY_"))}
-        path = f"{Path(sys.executable).parent}{os.pathsep}{clean.get('PATH', '')}"  # the venv's python and ray
-        self.env = {**clean, "PATH": path, "PYTHON": sys.executable, "HOME": str(folder / "home")}
-        (folder / "home").mkdir()
-        self.port, self.gcs, self.dashboard = free_port(), free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        # where PostgreSQL's own user can reach it (pytest's folders are closed to other users)
-        self.server = Path(tempfile.mkdtemp(prefix="psw-cluster-server-", dir="/tmp"))
+    def __init__(self, folder: Path, user: LoopbackCluster | None = None):
+        self.folder, self.user = folder, user
+        folder.mkdir(parents=True, exist_ok=True)
+        self.sessions: list[int] = []  # the scripts' own, in case they leave anything
+        self.nodes: dict[str, dict] = {}  # name -> its node.json
+        self.stopped: set[str] = set()
+        if user is None:
+            clean = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING_", "RAY_"))}
+            path = f"{Path(sys.executable).parent}{os.pathsep}{clean.get('PATH', '')}"  # the venv's python and ray
+            # TMPDIR: the nodes' folders under a base of the test's own, short for Ray's sockets
+            self.tmp = Path(tempfile.mkdtemp(prefix="psw-c", dir="/tmp"))
+            self.env = {
+                **clean,
+                "PATH": path,
+                "PYTHON": sys.executable,
+                "HOME": str(folder / "home"),
+                "TMPDIR": str(self.tmp),
+            }
+            (folder / "home").mkdir()
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            # where PostgreSQL's own user can reach it (pytest's folders are closed to other users)
+            self.server = Path(tempfile.mkdtemp(prefix="psw-cluster-server-", dir="/tmp"))
+        else:
+            self.tmp, self.env, self.port, self.url, self.server = user.tmp, user.env, user.port, user.url, user.server
         self.caches = {"head": folder / "cache-head", "worker": folder / "cache-worker"}
-        self.worker_tmp = Path(tempfile.mkdtemp(prefix="psw-node-", dir="/tmp"))
 
     def script(self, *args: str, env=None, timeout: float = 300, session: bool = False):
         return run(["bash", *args], {**self.env, **(env or {})}, timeout, session)
 
-    def start(self) -> None:
-        srv = self.script(
-            "scripts/mlflow_server.sh", "start", "--dir", str(self.server), "--port", str(self.port),
-            "--pg-port", str(free_port()), "--workers", "2",
-        )
-        assert srv.returncode == 0, srv.stdout + srv.stderr
+    def start(self, *head_args: str, worker: bool = True) -> None:
+        if self.user is None:
+            srv = self.script(
+                "scripts/mlflow_server.sh",
+                "start",
+                "--dir",
+                str(self.server),
+                "--port",
+                str(self.port),
+                "--pg-port",
+                str(free_port()),
+                "--workers",
+                "2",
+            )
+            assert srv.returncode == 0, srv.stdout + srv.stderr
         self.creds = credentials(self.server)
         # the head runs the submitted jobs' drivers, with its environment: the server's credentials in it
-        head = self.start_node(
-            "head", "--bench", "--port", str(self.gcs), "--dashboard-port", str(self.dashboard), env=self.creds
-        )
-        assert head.returncode == 0, head.stdout[-3000:] + head.stderr[-3000:]
-        worker = self.start_node("worker", f"127.0.0.1:{self.gcs}")
-        assert worker.returncode == 0, worker.stdout[-3000:] + worker.stderr[-3000:]
+        self.head = self.start_node("head", "--bench", *head_args, env=self.creds)
+        if worker:
+            self.start_node("worker", self.head["gcs_address"])
 
-    def start_node(self, kind: str, *args: str, env=None):
-        # in a session of its own, found by the pid of the script that leads it
-        ports = [f"--dashboard-agent-listen-port={free_port()}"]  # not Ray's fixed defaults: other Rays may run
-        if kind == "head":
-            ports.append(f"--ray-client-server-port={free_port()}")
-        else:  # a temp folder of its own, short enough for Ray's sockets, removed at the end
-            ports.append(f"--temp-dir={self.worker_tmp}")
+    def start_node(self, kind: str, *args: str, env=None) -> dict:
+        """A node as a user starts it; its node.json, which the script wrote into its folder."""
         proc = subprocess.Popen(
-            ["bash", "scripts/cluster.sh", kind, *args, "--cache", str(self.caches[kind]), "--num-cpus", "1", "--", *ports],
+            ["bash", "scripts/cluster.sh", kind, *args, "--cache", str(self.caches[kind]), "--num-cpus", "1"],
             env={**self.env, **(env or {})},
             cwd=ROOT,
             stdout=subprocess.PIPE,
@@ -185,31 +203,38 @@ class LoopbackCluster:
         )
         self.sessions.append(proc.pid)
         out, err = proc.communicate(timeout=300)
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        assert proc.returncode == 0, out[-3000:] + err[-3000:]
+        name = out.split(" is up", 1)[0].split()[-1]
+        info = json.loads((self.tmp / f"psw-ray-{os.getuid()}" / name / "node.json").read_text())
+        self.nodes[name] = info
+        return info
 
-    def submit(self, *sweep_args: str) -> subprocess.CompletedProcess:
-        return self.script("scripts/submit.sh", f"http://127.0.0.1:{self.dashboard}", *sweep_args, timeout=900)
+    def submit(self, *sweep_args: str, wait: bool = True):
+        cmd = ["bash", "scripts/submit.sh", self.head["dashboard_url"], *sweep_args]
+        if wait:
+            return run(cmd, self.env, timeout=900)
+        return subprocess.Popen(
+            cmd, env=self.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    def alive(self) -> list[str]:
+        """What of this cluster's processes is alive: its nodes' sessions, the scripts' own."""
+        return [p for s in [n["sid"] for n in self.nodes.values()] + self.sessions for p in in_session(s)]
 
     def stop(self) -> list[str]:
-        """Stop the nodes (their sessions) and the server; what of them is still alive.
-        SIGTERM, then SIGKILL, as `ray stop` does: the job's results are on the server by now.
-        The grace is short: dashboard, agents and workers end within a second of SIGTERM,
-        while raylet takes ~10 s and gcs_server over 20 s (measured), only to end as killed."""
-        for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
-            for sid in self.sessions:
-                for line in in_session(sid):
-                    try:
-                        os.kill(int(line.split()[0]), sig)
-                    except ProcessLookupError:
-                        pass
-            deadline = time.monotonic() + grace
-            while any(in_session(s) for s in self.sessions) and time.monotonic() < deadline:
-                time.sleep(0.2)
-        self.script("scripts/mlflow_server.sh", "stop", "--dir", str(self.server))
-        return [p for s in self.sessions for p in in_session(s)]
+        """Stop the nodes, each by its name, and the server (unless another's); what of them is still alive."""
+        for name in [n for n in self.nodes if n not in self.stopped]:
+            self.stopped.add(name)
+            out = self.script("scripts/cluster.sh", "stop", name)
+            assert out.returncode == 0 and f"stopped {name}" in out.stdout, out.stdout + out.stderr
+        if self.user is None:
+            self.script("scripts/mlflow_server.sh", "stop", "--dir", str(self.server))
+        return self.alive()
 
     def api(self, path: str, body: dict | None = None):
-        status, data = rest(self.url, path, self.creds["MLFLOW_TRACKING_USERNAME"], self.creds["MLFLOW_TRACKING_PASSWORD"], body)
+        status, data = rest(
+            self.url, path, self.creds["MLFLOW_TRACKING_USERNAME"], self.creds["MLFLOW_TRACKING_PASSWORD"], body
+        )
         assert status == 200, (path, status, data)
         return data
 
@@ -227,7 +252,7 @@ def submitted(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cluster")
     cluster = LoopbackCluster(folder)
     try:
-        cluster.start()
+        cluster.start("--port", str(free_port()), "--dashboard-port", str(free_port()))
         job = cluster.submit(*MISSION, *SUBMITTED_BENCH, "tracking=server", f"tracking.uri={cluster.url}")
         refused = cluster.submit("-m", "model=llama", "phase=decode", *FAST_OVERRIDES)  # no server: refused
         experiments = cluster.api("/api/2.0/mlflow/experiments/search", {"max_results": 100})["experiments"]
@@ -246,7 +271,7 @@ def submitted(tmp_path_factory):
         left = cluster.stop()
     yield cluster, job, refused, runs, listing, left, server_processes(cluster.server)
     shutil.rmtree(cluster.server, ignore_errors=True)
-    shutil.rmtree(cluster.worker_tmp, ignore_errors=True)
+    shutil.rmtree(cluster.tmp, ignore_errors=True)
 
 
 def fields(run: dict, part: str) -> dict[str, str]:
@@ -288,7 +313,9 @@ def test_benchmarks_ran_on_both_nodes_and_exports_crossed_between_them(submitted
     sources = [per_repeat(p, "runtime.export_source") for p in params]
     bench_nodes = {n for nodes in ran_on for n in nodes}
     assert len(bench_nodes) == 2, bench_nodes  # each node ran benchmarks
-    crossed: dict[tuple[int, str], list[str]] = {}  # (variant, a node other than its export's) -> how its processes there got it
+    crossed: dict[
+        tuple[int, str], list[str]
+    ] = {}  # (variant, a node other than its export's) -> how its processes there got it
     for i, (p, nodes, srcs) in enumerate(zip(params, ran_on, sources, strict=True)):
         for node, src in zip(nodes, srcs, strict=True):
             if node != p["export.ray_node"]:
@@ -298,7 +325,10 @@ def test_benchmarks_ran_on_both_nodes_and_exports_crossed_between_them(submitted
     assert all(srcs[0] == "fetched" and set(srcs) <= {"fetched", "local"} for srcs in crossed.values()), crossed
     assert all(p["runtime.process_start"] == "forked" for p in params)
     # each node kept what it made or fetched in its own cache, which no other node reads
-    held = {kind: {e.name for e in folder.iterdir() if not e.name.startswith(".")} for kind, folder in cluster.caches.items()}
+    held = {
+        kind: {e.name for e in folder.iterdir() if not e.name.startswith(".")}
+        for kind, folder in cluster.caches.items()
+    }
     assert held["head"] and held["worker"] and held["head"] != held["worker"], held
 
 
@@ -314,9 +344,99 @@ def test_a_submitted_sweep_without_a_server_is_refused_before_any_work(submitted
 
 @needs_postgres
 def test_nothing_the_cluster_test_started_is_left_running(submitted):
-    *_, left, server = submitted
+    cluster, *_, left, server = submitted
     assert left == [], f"Ray processes outlived the stop: {left}"
     assert server == [], f"tracking server processes outlived the stop: {server}"
+    # every node's folder removed, the worker's included: no Ray folder in TMPDIR (where the nodes'
+    # processes keep other things of their own, phasesweep's fork servers' included)
+    assert not [p.name for p in cluster.tmp.iterdir() if p.name.startswith(("ray", "session_"))]
+    assert list((cluster.tmp / f"psw-ray-{os.getuid()}").iterdir()) == []
+
+
+# -- two clusters of one user on one machine ---------------------------------------------------
+
+TWO = ["-m", "model=llama", "phase=prefill,decode", "backend=onnxruntime", "device=cpu", *FAST_OVERRIDES]
+
+
+@pytest.fixture(scope="module")
+def two_clusters(tmp_path_factory):
+    """Two one-node clusters started by scripts/cluster.sh on free ports, one sweep submitted to
+    each at once, then the first stopped by name: (the clusters, the jobs' outputs, each
+    experiment's runs, the second's `ray status` and live processes after the first's stop, what
+    outlived both stops)."""
+    folder = tmp_path_factory.mktemp("two")
+    a = LoopbackCluster(folder / "a")
+    b = LoopbackCluster(folder / "b", user=a)
+    try:
+        a.start(worker=False)
+        b.start(worker=False)
+        jobs = [
+            c.submit(*TWO, "tracking=server", f"tracking.uri={c.url}", f"tracking.experiment={n}", wait=False)
+            for n, c in (("a", a), ("b", b))
+        ]
+        outputs = [j.communicate(timeout=900)[0] for j in jobs]
+        codes = [j.returncode for j in jobs]
+        runs = {}
+        for n in ("a", "b"):
+            (exp,) = [
+                e
+                for e in a.api("/api/2.0/mlflow/experiments/search", {"max_results": 100})["experiments"]
+                if e["name"] == n
+            ]
+            runs[n] = a.api(
+                "/api/2.0/mlflow/runs/search", {"experiment_ids": [exp["experiment_id"]], "max_results": 100}
+            ).get("runs", [])
+        a.stop()
+        a_left = a.alive()
+        b_alive = b.alive()
+        env = {"RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        ray = str(Path(sys.executable).parent / "ray")
+        status = run([ray, "status", f"--address={b.head['gcs_address']}"], {**b.env, **env}, timeout=120)
+    finally:
+        b.stop()
+        a.stop()  # where the test failed before
+    yield SimpleNamespace(
+        a=a,
+        b=b,
+        codes=codes,
+        outputs=outputs,
+        runs=runs,
+        a_left=a_left,
+        b_alive=b_alive,
+        status=status,
+        left=b.alive() + a.alive(),
+    )
+    shutil.rmtree(a.server, ignore_errors=True)
+    shutil.rmtree(a.tmp, ignore_errors=True)
+
+
+@needs_postgres
+def test_two_clusters_each_run_only_their_own_jobs_tasks(two_clusters):
+    t = two_clusters
+    assert t.codes == [0, 0], [o[-4000:] for o in t.outputs]
+    assert t.a.head["gcs_address"] != t.b.head["gcs_address"] and t.a.head["folder"] != t.b.head["folder"]
+    for n, cluster in (("a", t.a), ("b", t.b)):
+        own = {node["node_id"] for node in cluster.nodes.values()}
+        variants = [r for r in t.runs[n] if fields(r, "tags").get("phasesweep.role") == "variant"]
+        assert {r["info"]["run_name"] for r in variants} == {
+            "llama_prefill_onnxruntime_cpu",
+            "llama_decode_onnxruntime_cpu",
+        }
+        for r in variants:
+            params = fields(r, "params")
+            assert fields(r, "tags")["status"] == "ok", fields(r, "tags").get("error")
+            assert {params["export.ray_node"], *params["runtime.ray_node"].split(",")} <= own, (n, params, own)
+
+
+@needs_postgres
+def test_stopping_one_cluster_by_name_leaves_the_other_running(two_clusters):
+    t = two_clusters
+    assert t.a_left == []  # every process of the first is gone
+    assert t.b_alive, "the second cluster's processes were ended by the first one's stop"
+    assert t.status.returncode == 0 and t.b.head["node_id"] in t.status.stdout, (
+        t.status.stdout[-2000:] + t.status.stderr[-2000:]
+    )
+    assert t.left == []
 
 
 def test_a_job_refuses_a_store_inside_its_working_directory(tmp_path, monkeypatch):
@@ -334,5 +454,7 @@ def test_a_job_refuses_a_store_inside_its_working_directory(tmp_path, monkeypatc
         check_outlives_job(TrackingCfg(uri="sqlite:///runs.db", artifact_root=str(tmp_path.parent / "a")))
     with pytest.raises(ConfigError, match=r"tracking.artifact_root='art' would keep"):
         check_outlives_job(TrackingCfg(uri=f"sqlite:///{tmp_path.parent / 'm.db'}", artifact_root="art"))
-    check_outlives_job(TrackingCfg(uri=f"sqlite:///{tmp_path.parent / 'm.db'}", artifact_root=str(tmp_path.parent / "a")))
+    check_outlives_job(
+        TrackingCfg(uri=f"sqlite:///{tmp_path.parent / 'm.db'}", artifact_root=str(tmp_path.parent / "a"))
+    )
     check_outlives_job(TrackingCfg(uri="http://127.0.0.1:5000"))

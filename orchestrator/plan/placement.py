@@ -49,7 +49,7 @@ def capacity_of(nodes: list[dict[str, Any]], address: str | None = None) -> Capa
     if not bench:
         raise ConfigError(
             f"cluster.address={address!r}: no node offers the resource {BENCH_RESOURCE}; "
-            "start workers with scripts/cluster.sh worker HEAD_IP:6379, or let the head benchmark too with "
+            "start workers with scripts/cluster.sh worker HEAD_IP:GCS_PORT, or let the head benchmark too with "
             f"scripts/cluster.sh head [NODE_IP] --bench (ray start --resources='{{\"{BENCH_RESOURCE}\": 1}}')"
         )
     return Capacity(
