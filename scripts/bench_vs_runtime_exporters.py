@@ -80,7 +80,7 @@ def write_checkpoint(folder: Path, arch: dict, seed: int) -> tuple[Path, Path]:
 
 
 def build(runtime: str, ckpt: Path, params_json: Path, work: Path, threads: int, max_len: int) -> dict:
-    module = importlib.import_module(f"scripts.anchors.{runtime}")
+    module = importlib.import_module(f"scripts.anchors.{runtime}")  # their own exports live in `work`
     folder = work / runtime
     folder.mkdir()
     if runtime == "executorch":
@@ -89,18 +89,19 @@ def build(runtime: str, ckpt: Path, params_json: Path, work: Path, threads: int,
 
 
 def interleaved(
-    prepare: dict[str, Callable[[], Callable[[], None]]], rounds: int, block: int, warmup: int, seed: int
+    prepare: dict[str, Callable[[], Callable[[], None]]], grows: set[str], rounds: int, block: int, warmup: int, seed: int
 ) -> dict[str, list[float]]:
-    """Per contender, the median call time (ms) of each round's block. `prepare` is called
-    afresh each round, untimed, so a contender whose state advances per call (a generator's
-    growing context) starts every block at the same context."""
+    """Per contender, the median call time (ms) of each round's block. Each call is prepared
+    once, untimed; a contender whose state advances per call (`grows`: a generator's context)
+    afresh every round, so each of its blocks starts at the same context."""
     rng = random.Random(seed)
     medians: dict[str, list[float]] = {name: [] for name in prepare}
-    for _ in range(rounds):
+    calls = {name: prep() for name, prep in prepare.items()}
+    for r in range(rounds):
         order = list(prepare)
         rng.shuffle(order)
         for name in order:
-            call = prepare[name]()
+            call = prepare[name]() if name in grows and r else calls[name]
             for _ in range(warmup):
                 call()
             times = []
@@ -124,7 +125,8 @@ def measure(contenders: dict, runtime: str, what: str, length: int, args) -> lis
     anchor = ANCHORS[runtime]
     method = "decode" if what == "decode" else "prefill"
     prepare = {name: (lambda c=c: getattr(c, method)(length)) for name, c in contenders.items()}
-    medians = interleaved(prepare, args.rounds, args.block, args.warmup, args.seed)
+    grows = {name for name, c in contenders.items() if getattr(c, "grows", False) and method == "decode"}
+    medians = interleaved(prepare, grows, args.rounds, args.block, args.warmup, args.seed)
     rows = []
     for name, values in medians.items():
         ratio, low, high = paired_ratio(values, medians[anchor], args.seed)

@@ -213,19 +213,33 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return 0, b""
 
 
-def registered(gcs: str, folder: Path) -> str | None:
-    """The id of the ALIVE node the GCS at `gcs` knows with `folder` as its temp folder, or None.
-    Ray's GcsClient, what `ray status` itself asks the GCS with."""
-    from ray._raylet import GcsClient
+RAY_VERIFIED = "2.60.0"  # the Ray whose private GcsClient registered() reads; tests/test_cluster_node.py checks
 
-    try:
-        infos = GcsClient(address=gcs).get_all_node_info(timeout=5).values()
-    except Exception:
+
+def registered(gcs: str, folder: Path, pids: list[int], port: int) -> str | None:
+    """The id of the ALIVE node the GCS at `gcs` knows with `folder` as its temp folder, or None.
+    On the verified Ray: its GcsClient, what `ray status` itself asks the GCS with (private, so
+    guarded). Else, public: the node's raylet holds its node-manager port and `ray status` answers."""
+    import ray
+
+    if ray.__version__ == RAY_VERIFIED:
+        try:
+            from ray._raylet import GcsClient
+
+            infos = GcsClient(address=gcs).get_all_node_info(timeout=5).values()
+        except ImportError:
+            infos = None
+        except Exception:
+            return None
+        if infos is not None:
+            for info in infos:
+                if info.state == 0 and info.temp_dir == str(folder):  # GcsNodeState ALIVE
+                    return info.node_id.hex()
+            return None
+    if not listens(pids, port):
         return None
-    for info in infos:
-        if info.state == 0 and info.temp_dir == str(folder):  # GcsNodeState ALIVE
-            return info.node_id.hex()
-    return None
+    status = subprocess.run(["ray", "status", f"--address={gcs}"], capture_output=True, timeout=60, env={**os.environ, "RAY_AUTH_MODE": "token"})
+    return "registered (node id unknown)" if status.returncode == 0 else None
 
 
 LOGS = {  # what each check's failure points at, in the session's logs folder
@@ -257,7 +271,7 @@ def wait_up(node: dict, folder: Path, deadline: float) -> tuple[str, str] | None
         if node["kind"] == "head" and not listens(pids, ports["gcs"]):
             pending.append(("gcs", f"the GCS is not listening on {gcs}"))
         if not node.get("node_id"):
-            node["node_id"] = registered(gcs, folder)
+            node["node_id"] = registered(gcs, folder, pids, ports["node_manager"])
             if not node["node_id"]:
                 pending.append(("raylet", f"the raylet has not registered with the GCS at {gcs}"))
         if node["kind"] == "head":

@@ -176,3 +176,13 @@ def test_submit_finds_the_gcs_address_from_the_clusters_own_dashboard(dashboard)
     os.environ["RAY_AUTH_TOKEN"] = "wrong"
     with pytest.raises(node.Refused, match=r"did not list its nodes \(HTTP 401\)"):
         node.gcs_address(url)
+
+
+def test_the_private_gcs_client_it_reads_is_the_verified_one():
+    """registered() reads Ray's private GcsClient on the verified Ray only (else a public
+    fallback): an upgrade of Ray fails here until the use is checked again."""
+    import ray
+    from ray._raylet import GcsClient, InnerGcsClient  # GcsClient forwards its calls to InnerGcsClient
+
+    assert ray.__version__ == node.RAY_VERIFIED, f"Ray {ray.__version__}: check registered()'s GcsClient use, then RAY_VERIFIED"
+    assert hasattr(GcsClient, "__getattr__") and callable(getattr(InnerGcsClient, "get_all_node_info", None))

@@ -32,10 +32,10 @@ LLAMA_EXPORT = "executorch.examples.models.llama.export_llama"
 class Contender:
     """One .pte; `positions(start, n)` is its position input for n tokens from `start`."""
 
-    def __init__(self, name: str, path: Path, vocab: int, positions: Callable[[int, int], Any]):
+    def __init__(self, name: str, path: Path, vocab: int, positions: Callable[[int, int], Any], max_len: int = MAX_SEQ_LEN):
         from executorch.runtime import Runtime
 
-        self.name, self.path, self.vocab, self.positions = name, path, vocab, positions
+        self.name, self.path, self.vocab, self.positions, self.max_len = name, path, vocab, positions, max_len
         self.program = Runtime.get().load_program(path)
 
     def _tokens(self, n: int, seed: int) -> Any:
@@ -49,20 +49,20 @@ class Contender:
 
     def decode(self, context_len: int) -> Callable[[], None]:
         """One token at position context_len, on a cache filled with context_len tokens."""
-        _check_len(context_len + 1, MAX_SEQ_LEN)
+        _check_len(context_len + 1, self.max_len)
         method = self.program.load_method("forward")
         self._call(method, self._tokens(context_len, 0), 0)()  # fill the cache through the program
         return self._call(method, self._tokens(1, 1), context_len)
 
     def prefill(self, prompt_len: int) -> Callable[[], None]:
         """prompt_len tokens at position 0 (repeating it rewrites the same slots)."""
-        _check_len(prompt_len, MAX_SEQ_LEN - 1)
+        _check_len(prompt_len, self.max_len - 1)
         return self._call(self.program.load_method("forward"), self._tokens(prompt_len, 2), 0)
 
 
 def _check_len(n: int, most: int) -> None:
     if not 1 <= n <= most:
-        raise ValueError(f"{n} positions: these programs hold 1 to {most} (MAX_SEQ_LEN={MAX_SEQ_LEN})")
+        raise ValueError(f"{n} positions: these programs hold 1 to {most} (build's max_len)")
 
 
 def _threads(threads: int) -> None:
@@ -76,7 +76,7 @@ def _threads(threads: int) -> None:
         raise RuntimeError(f"XNNPACK's thread pool has {got} threads, {threads} asked")
 
 
-def export_phasesweep(checkpoint: Path, work: Path) -> tuple[Path, int]:
+def export_phasesweep(checkpoint: Path, work: Path, max_len: int = MAX_SEQ_LEN) -> tuple[Path, int]:
     """The checkpoint through tasks/ (export_job: build, reference data, export): the .pte, the vocab."""
     from tasks.jobs import export_job
     from tasks.model.families import family_of
@@ -88,20 +88,20 @@ def export_phasesweep(checkpoint: Path, work: Path) -> tuple[Path, int]:
         name=family, family=family, size="checkpoint", arch={}, checkpoint=str(checkpoint),
         dtype="float32", kv_cache="update_cache", attention="custom_sdpa",
     )  # fmt: skip
-    phase = PhaseSpec("decode", batch=1, context_len=8, cache_len=MAX_SEQ_LEN, parity_steps=8)
-    out = Path(work) / "phasesweep"
+    phase = PhaseSpec("decode", batch=1, context_len=8, cache_len=max_len, parity_steps=8)
+    out = Path(work) / f"phasesweep-{max_len}"
     result = export_job(ExportSpec("anchor", model, phase, "executorch", str(out), {}))
     if not result.ok:
         raise RuntimeError(f"phasesweep export failed: {result.failure.error}\n{result.failure.traceback}")
     return out / result.artifact, config["vocab_size"]
 
 
-def export_llama(params_json: Path, work: Path) -> Path:
+def export_llama(params_json: Path, work: Path, max_len: int = MAX_SEQ_LEN) -> Path:
     """ExecuTorch's own LLM export (random weights), reused when made with the same arguments."""
     name = "export_llama.pte"
     args = [
         "-p", str(params_json), "-kv", "--use_sdpa_with_kv_cache", "-X",
-        "--max_seq_length", str(MAX_SEQ_LEN), "--max_context_length", str(MAX_SEQ_LEN),
+        "--max_seq_length", str(max_len), "--max_context_length", str(max_len),
         "-o", str(work), "--output_name", name,
     ]  # fmt: skip
     stamp = Path(work) / "export_llama.args.json"
@@ -117,20 +117,20 @@ def export_llama(params_json: Path, work: Path) -> Path:
     return path
 
 
-def build(checkpoint: Path, params_json: Path, work: Path, threads: int) -> dict[str, Contender]:
+def build(checkpoint: Path, params_json: Path, work: Path, threads: int, max_len: int = MAX_SEQ_LEN) -> dict[str, Contender]:
     import torch
 
     from tasks.model.sdpa import load_llama_ops
 
     load_llama_ops()  # both programs use llama::update_cache and llama::custom_sdpa
     work = Path(work)
-    ours, vocab = export_phasesweep(checkpoint, work)
-    theirs = export_llama(params_json, work)
+    ours, vocab = export_phasesweep(checkpoint, work, max_len)
+    theirs = export_llama(params_json, work, max_len)
     their_vocab = json.loads(Path(params_json).read_text()).get("vocab_size", vocab)
     _threads(threads)
     return {
-        "phasesweep": Contender("phasesweep", ours, vocab, lambda start, n: torch.arange(start, start + n)),
-        "export_llama": Contender("export_llama", theirs, their_vocab, lambda start, n: torch.tensor([start])),
+        "phasesweep": Contender("phasesweep", ours, vocab, lambda start, n: torch.arange(start, start + n), max_len),
+        "export_llama": Contender("export_llama", theirs, their_vocab, lambda start, n: torch.tensor([start]), max_len),
     }
 
 

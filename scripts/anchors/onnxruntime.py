@@ -111,6 +111,8 @@ class SweepContender(Contender):
 class GeneratorContender(Contender):
     """onnxruntime-genai's own runtime on the builder's model folder (model.onnx, genai_config.json)."""
 
+    grows = True  # each decode call adds a token: a caller timing blocks prepares it afresh per block
+
     def __init__(self, model_dir: str, threads: int, vocab: int, seed: int = 0):
         import onnxruntime_genai as og
 
