@@ -57,9 +57,13 @@ def write_checkpoint(folder: Path, arch: dict, seed: int) -> tuple[Path, Path]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    ckpt, stamp = folder / "checkpoint", folder / "checkpoint.arch.json"
+    made = json.dumps({"arch": arch, "seed": seed}, sort_keys=True)
+    if stamp.is_file() and stamp.read_text() == made:  # kept from an earlier run (--work): its exports too
+        print(f"checkpoint: reused {ckpt}")
+        return ckpt, folder / "params.json"
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(**arch)).eval()
-    ckpt = folder / "checkpoint"
     model.save_pretrained(ckpt)
     params = {
         "dim": arch["hidden_size"],
@@ -75,14 +79,15 @@ def write_checkpoint(folder: Path, arch: dict, seed: int) -> tuple[Path, Path]:
     }
     params_json = folder / "params.json"
     params_json.write_text(json.dumps(params))
+    stamp.write_text(made)
     print(f"checkpoint: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters -> {ckpt}")
     return ckpt, params_json
 
 
 def build(runtime: str, ckpt: Path, params_json: Path, work: Path, threads: int, max_len: int) -> dict:
     module = importlib.import_module(f"scripts.anchors.{runtime}")  # their own exports live in `work`
-    folder = work / runtime
-    folder.mkdir()
+    folder = work / f"anchor-{runtime}"  # not ".../executorch": export_llama imports by its cwd's name
+    folder.mkdir(exist_ok=True)
     if runtime == "executorch":
         return module.build(ckpt, params_json, folder, threads, max_len=max_len)
     return module.build(ckpt, folder, threads)
@@ -146,6 +151,18 @@ def measure(contenders: dict, runtime: str, what: str, length: int, args) -> lis
     return rows
 
 
+def report(rows: list[dict], runtime: str | None = None) -> None:
+    """The table of `rows` (of one runtime, as soon as it is measured; else all of them)."""
+    print(f"\n{'runtime':<12} {'measure':<12} {'contender':<18} {'ms/token':>9} {'x anchor':>9}  95% interval", flush=True)
+    for r in rows:
+        if runtime in (None, r["runtime"]):
+            print(
+                f"{r['runtime']:<12} {r['measure']:<12} {r['contender']:<18} {r['ms_per_token']:>9.3f} "
+                f"{r['ratio_to_anchor']:>9.3f}  [{r['ratio_low']:.3f}, {r['ratio_high']:.3f}]",
+                flush=True,
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runtimes", default="onnxruntime,executorch", help="comma-separated: onnxruntime, executorch")
@@ -182,13 +199,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.prompt:
                 rows += measure(contenders, runtime, "prefill", args.prompt, args)
             del contenders
+            report(rows, runtime)
 
-    print(f"\n{'runtime':<12} {'measure':<12} {'contender':<18} {'ms/token':>9} {'x anchor':>9}  95% interval")
-    for r in rows:
-        print(
-            f"{r['runtime']:<12} {r['measure']:<12} {r['contender']:<18} {r['ms_per_token']:>9.3f} "
-            f"{r['ratio_to_anchor']:>9.3f}  [{r['ratio_low']:.3f}, {r['ratio_high']:.3f}]"
-        )
+    report(rows)
     if args.json:
         conditions = {"arch": arch, "threads": args.threads, "rounds": args.rounds, "block": args.block}
         args.json.write_text(json.dumps({"conditions": conditions, "rows": rows}, indent=1))
