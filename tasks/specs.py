@@ -35,6 +35,13 @@ PAST = "past_key_values."
 PRESENT = "present."
 
 
+def resolve_attention(kv_cache: str, attention: str) -> str:
+    """model.attention=auto: the kv_cache's own attention (custom_sdpa reads update_cache's layout), else sdpa."""
+    if attention != "auto":
+        return attention
+    return LLAMA_OPS["model.attention"] if kv_cache == LLAMA_OPS["model.kv_cache"] else "sdpa"
+
+
 def check_model_choices(kv_cache: str, attention: str) -> None:
     """model.kv_cache=update_cache and model.attention=custom_sdpa only together (LLAMA_OPS)."""
     chosen = {"model.kv_cache": kv_cache, "model.attention": attention}

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.specs import BenchOptions, ModelSpec, PhaseSpec
+from tasks.specs import BenchOptions, ModelSpec, PhaseSpec, resolve_attention
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,12 +56,26 @@ def in_session(sid: int) -> list[str]:
     return found
 
 
+def backend_yaml(option: str) -> dict:
+    """conf/backend/<option>.yaml with the yaml its defaults list names under it (one level, as
+    onnxruntime_genai.yaml builds on onnxruntime.yaml), nested mappings merged."""
+    y = yaml.safe_load((CONF / "backend" / f"{option}.yaml").read_text())
+    merged: dict = {}
+    for base in [d for d in y.pop("defaults", []) if d != "_self_"]:
+        merged = yaml.safe_load((CONF / "backend" / f"{base}.yaml").read_text())
+    for key, value in y.items():
+        merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
+    return merged
+
+
 def model_spec(name: str, **changes) -> ModelSpec:
     """The tiny preset of conf/model/<name>.yaml as a ModelSpec."""
     cfg = yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text())
     arch = dict(cfg["sizes"]["tiny"])
     fields = {k: cfg[k] for k in ("name", "family", "dtype", "seed", "kv_cache", "attention")}
-    return ModelSpec(size="tiny", arch=arch, **{**fields, **changes})
+    fields = {**fields, **changes}
+    fields["attention"] = resolve_attention(fields["kv_cache"], fields["attention"])  # the yaml's auto
+    return ModelSpec(size="tiny", arch=arch, **fields)
 
 
 PREFILL = PhaseSpec("prefill", batch=2, prompt_len=16)

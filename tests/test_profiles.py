@@ -12,7 +12,7 @@ from orchestrator.plan.config import ConfigError
 from tasks.measure import profiles
 from tasks.runtimes import executorch as executorch_runtime
 from tasks.runtimes import onnxruntime as onnxruntime_runtime
-from tests.conftest import CONF, FAST_BENCH, plan_jobs
+from tests.conftest import CONF, FAST_BENCH, backend_yaml, plan_jobs
 
 
 def test_top_ops_ranks_sums_the_rest_and_names_the_time_outside_ops():
@@ -73,11 +73,10 @@ def test_a_runtime_without_a_profiler_is_refused_before_any_work(monkeypatch):
 
 def _profiled_backends() -> list[str]:
     """Every backend in conf/ whose runtime has a profiler."""
-    import yaml
 
     from tasks.runtimes import profiled_runtimes
 
-    return [p.stem for p in sorted((CONF / "backend").glob("*.yaml")) if yaml.safe_load(p.read_text())["runtime"] in profiled_runtimes()]
+    return [p.stem for p in sorted((CONF / "backend").glob("*.yaml")) if backend_yaml(p.stem)["runtime"] in profiled_runtimes()]
 
 
 BACKENDS = _profiled_backends()

@@ -19,7 +19,7 @@ from tasks.phases import phase_module, phase_names
 from tasks.registry import available
 from tasks.runtimes import runtime_module
 from tasks.specs import DEVICES, DTYPE_BYTES, PhaseSpec
-from tests.conftest import CONF, ROOT, SHAPE_OVERRIDES
+from tests.conftest import CONF, ROOT, SHAPE_OVERRIDES, backend_yaml
 
 FORMATS = available("tasks.export")
 RUNTIMES = available("tasks.runtimes")
@@ -36,7 +36,7 @@ PHASE_PROTOCOL = (
 
 
 def backend_yamls() -> dict[str, dict]:
-    return {p.stem: yaml.safe_load(p.read_text()) for p in sorted((CONF / "backend").glob("*.yaml"))}
+    return {p.stem: backend_yaml(p.stem) for p in sorted((CONF / "backend").glob("*.yaml"))}
 
 
 def test_phases_are_the_yamls_of_conf_phase():

@@ -33,6 +33,7 @@ from tasks.specs import (
     at_least,
     check_model_choices,
     choice,
+    resolve_attention,
 )
 
 __all__ = ["ConfigError", "SweepPoint", "validate", "validate_all"]
@@ -56,6 +57,7 @@ class ModelCfg:
         choice("model.size", self.size, self.sizes)
         choice("model.dtype", self.dtype, DTYPES)
         choice("model.kv_cache", self.kv_cache, KV_CACHES)
+        self.attention = resolve_attention(self.kv_cache, self.attention)  # auto: the kv_cache's own
         choice("model.attention", self.attention, ATTENTIONS)
         check_model_choices(self.kv_cache, self.attention)
 

@@ -172,7 +172,8 @@ class Variant:
     def base_name(self) -> str:
         backend = self.backend.name
         if (tag := _name_tag(self.backend.export_format)) and (text := tag(self.backend.export_options)):
-            backend += f"_{text}"  # e.g. onnxruntime_genai: an export option that makes another artifact
+            if not backend.endswith(f"_{text}"):  # backend=onnxruntime_genai says it already
+                backend += f"_{text}"  # e.g. onnxruntime_genai: an export option that makes another artifact
         return f"{self.model.name}_{label(self.phase)}_{backend}_{self.device.name}"
 
     @cached_property
