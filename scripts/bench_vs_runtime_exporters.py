@@ -86,7 +86,7 @@ def write_checkpoint(folder: Path, arch: dict, seed: int) -> tuple[Path, Path]:
 
 def build(runtime: str, ckpt: Path, params_json: Path, work: Path, threads: int, max_len: int) -> dict:
     module = importlib.import_module(f"scripts.anchors.{runtime}")  # their own exports live in `work`
-    folder = work / f"anchor-{runtime}"  # not ".../executorch": export_llama imports by its cwd's name
+    folder = work / f"{runtime}-anchors"  # a cwd ending in "executorch" changes what export_llama imports
     folder.mkdir(exist_ok=True)
     if runtime == "executorch":
         return module.build(ckpt, params_json, folder, threads, max_len=max_len)
