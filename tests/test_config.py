@@ -64,7 +64,7 @@ def test_launcher_is_ours(hydra_compose):
     "override,expected",
     [
         ("model.kv_cache=paged", "model.kv_cache='paged' is not allowed; choose one of: static, dynamic"),
-        ("model.attention=flash", "model.attention='flash' is not allowed; choose one of: sdpa, math"),
+        ("model.attention=flash", "model.attention='flash' is not allowed; choose one of: auto, sdpa, math, custom_sdpa"),
         ("model.size=70b", "model.size='70b' is not allowed; choose one of: tiny, smollm2-135m, smollm2-360m, 1b, 3b"),
         ("model.dtype=int3", "model.dtype='int3' is not allowed; choose one of: float32, float16, bfloat16"),
         ("phase.batch=0", "phase.batch=0 must be >= 1"),
@@ -269,3 +269,15 @@ def test_checkpoint_config_is_checked_against_the_phase(hydra_compose, tmp_path)
     write_checkpoint(tmp_path, arch)  # LlamaConfig's default: 2048 positions
     with pytest.raises(ConfigError, match="max_position_embeddings=2048"):
         validate(hydra_compose(f"model.checkpoint={tmp_path}", "phase.prompt_len=4000"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "attention"),
+    [
+        (["model=llama"], "sdpa"),
+        (["model=llama", "model.kv_cache=update_cache"], "custom_sdpa"),
+        (["model=gemma2", "model.attention=auto"], "math"),  # soft-capped scores: math is the one that caps
+    ],
+)
+def test_attention_auto_is_the_one_the_cache_and_the_model_need(hydra_compose, overrides, attention):
+    assert validate(hydra_compose(*overrides)).model.attention == attention

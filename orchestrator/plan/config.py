@@ -19,7 +19,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from orchestrator.plan.checks import EXPERIMENT_NAME_MAX, check_bench, safe_name, typed
 from tasks.export import format_module
 from tasks.model.checkpoint import read_checkpoint
-from tasks.model.families import FAMILIES, check_attention, model_dims
+from tasks.model.families import FAMILIES, check_attention, graph_scalings, model_dims
 from tasks.phases import phase_module
 from tasks.runtimes import profiled_runtimes, runtime_module
 from tasks.specs import (
@@ -57,9 +57,9 @@ class ModelCfg:
         choice("model.size", self.size, self.sizes)
         choice("model.dtype", self.dtype, DTYPES)
         choice("model.kv_cache", self.kv_cache, KV_CACHES)
-        self.attention = resolve_attention(self.kv_cache, self.attention)  # auto: the kv_cache's own
-        choice("model.attention", self.attention, ATTENTIONS)
-        check_model_choices(self.kv_cache, self.attention)
+        choice("model.attention", self.attention, ("auto", *ATTENTIONS))  # auto: resolved with the architecture
+        if self.attention != "auto":
+            check_model_choices(self.kv_cache, self.attention)
 
     def architecture(self, chosen: str | None = None, named: bool = False) -> tuple[dict[str, Any], int | None]:
         """The transformers config, the size preset's or the checkpoint's config.json, and a
@@ -324,6 +324,9 @@ def _architecture(model: ModelCfg, chosen: str | None, named: bool) -> _Model:
         dims = model_dims(model.family, arch)
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"model.checkpoint={model.checkpoint!r}: config.json lacks {e}") from None
+    if model.attention == "auto":  # soft-capped scores need math; else the kv_cache's own attention
+        capped = graph_scalings(model.family, arch)["attention_softcap"] is not None
+        model.attention = "math" if capped and model.kv_cache != "update_cache" else resolve_attention(model.kv_cache, "auto")
     try:  # what the config asks of the attention scores (soft-capping needs model.attention=math)
         check_attention(model.family, arch, model.attention, model.kv_cache)
     except ValueError as e:
