@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import os
 import signal
+import sys
 from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
@@ -308,3 +309,14 @@ def hydra_loader():
         loader = GlobalHydra.instance().config_loader()
         yield loader, loader.load_configuration("sweep", [], RunMode.MULTIRUN)
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture(autouse=True)
+def fresh_compile_caches():
+    """torch.compile's caches emptied after each test: a sweep compiles each graph in a fresh
+    process, while a test process compiles many models in turn, and dynamo's recompile limit
+    (8 per code object: PhaseAttention.forward) would count them all."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and "torch._dynamo" in sys.modules:
+        torch.compiler.reset()

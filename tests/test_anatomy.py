@@ -139,7 +139,7 @@ def check_description(d: dict, result, fmt: str) -> None:
     assert {n: v["shape"] for n, v in d["inputs"].items()} == result.input_shapes
     assert list(d["outputs"])[0] == "logits" and d["outputs"]["logits"]["dtype"] == "float32"
     past = result.input_shapes["past_key_values.0.key"]  # [batch, kv_heads, seq, head_dim]
-    assert d["kv_cache"] == {"layout": CACHE_LAYOUT, "implementation": "static", "capacity": past[2]}
+    assert d["kv_cache"] == {"layout": CACHE_LAYOUT, "implementation": "static", "capacity": past[2], "in_graph": False}
     assert d["phase"]["name"] == "decode" and d["phase"]["batch"] == past[0]
 
 

@@ -224,7 +224,7 @@ class Scheduler:
                 hit.details["ray_node"] = self._node
                 self.done.append((kind, key, hit))
                 return
-        if kind == "bench":
+        if kind == "bench" and self.ship:
             self.reserve(spec.export_dir)
         self.queue.append(_Task(kind, key, spec, request))
 
@@ -242,6 +242,8 @@ class Scheduler:
 
     def _ended(self, task: _Task) -> None:
         """A task ended for good: an export nothing will read any more leaves the object store."""
+        if not self.ship:
+            return
         if task.kind == "bench":
             self.release(task.spec.export_dir)
         elif task.kind == "pair":
