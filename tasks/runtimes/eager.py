@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tasks.measure.profiles import CALLS, WARMUP, add, top_ops
-from tasks.measure.session import Session
 from tasks.model.families import FAMILIES
+from tasks.runtimes._torch_session import TorchOutputSession
 from tasks.specs import BenchSpec
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def _nothing() -> None:
     """sync() on the CPU: torch's CPU calls return with their work done."""
 
 
-class TorchSession(Session):
+class TorchSession(TorchOutputSession):
     def __init__(self, module: torch.nn.Module, spec: BenchSpec, meta: dict[str, Any]):
         import torch
 
@@ -66,18 +66,6 @@ class TorchSession(Session):
 
         with torch.inference_mode():
             return list(self.module(*inputs.values()))
-
-    def to_host(self, logits: Any) -> np.ndarray:
-        from tasks.model.tensors import logits_numpy
-
-        return logits_numpy(logits)
-
-    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """Logits in float32; caches in their own dtype (bfloat16 as uint16 bits)."""
-        from tasks.model.tensors import to_numpy
-
-        logits, *rest = self.step(self.place(self.prepare(feeds)))
-        return [self.to_host(logits), *map(to_numpy, rest)]
 
     def bind(self, feeds: dict[str, np.ndarray]):
         """The module on its placed inputs, as a functools.partial (no frame of ours per call);

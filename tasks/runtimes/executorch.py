@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from tasks.measure.profiles import WARMUP, add, top_ops
-from tasks.measure.session import Session
+from tasks.runtimes._torch_session import TorchOutputSession
 from tasks.specs import BenchSpec
 
 LIBRARIES = ("executorch",)
@@ -36,7 +36,7 @@ def threadpool(portable_lib: Any, name: str) -> Any:
     return fn
 
 
-class PteSession(Session):
+class PteSession(TorchOutputSession):
     def __init__(self, path: Path, spec: BenchSpec, meta: dict[str, Any]):
         from executorch.extension.pybindings import portable_lib
         from executorch.runtime import Runtime
@@ -65,17 +65,6 @@ class PteSession(Session):
         """Outputs copied out of the method's memory, which its next call reuses."""
         logits, *present = self.method.execute(list(inputs.values()))
         return [logits, *(t.clone() for t in present)]
-
-    def to_host(self, logits: Any) -> np.ndarray:
-        from tasks.model.tensors import logits_numpy
-
-        return logits_numpy(logits)
-
-    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        from tasks.model.tensors import to_numpy
-
-        logits, *rest = self.step(self.place(self.prepare(feeds)))
-        return [self.to_host(logits), *map(to_numpy, rest)]
 
     def bind(self, feeds: dict[str, np.ndarray]):
         inputs = list(self.place(self.prepare(feeds)).values())
