@@ -43,6 +43,7 @@ def bench(export, model: str, phase: PhaseSpec, runtime: str, fresh: bool = Fals
     return result
 
 
+@pytest.mark.slow  # XNNPACK lowering of two models: the fast tier checks the graph in test_graphs.py
 @pytest.mark.parametrize("model", ["llama", "phi3"])
 def test_executorch_decodes_through_its_own_cache(exports, model):
     """Context filled through the program, then 8 steps each against what the last wrote."""
@@ -63,6 +64,7 @@ def test_executorch_decodes_through_its_own_cache(exports, model):
     assert result.metrics["decode_cache_bytes_per_step"] == cache_bytes
 
 
+@pytest.mark.slow
 def test_a_repeated_decode_step_is_idempotent(exports):
     """The timed call, repeated at one position, returns the first step's reference each time."""
     from tasks.runtimes import runtime_module

@@ -8,6 +8,8 @@ import itertools
 import sys
 import time
 
+import pytest
+
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
 import orchestrator.plan.config
@@ -16,6 +18,8 @@ from orchestrator.plan.config import validate_all
 from orchestrator.plan.planner import make_plan
 from orchestrator.read.summary import plan_text
 from tests.conftest import ROOT, capacity
+
+pytestmark = pytest.mark.slow  # 10k-variant plans: a scale guard, not the quick loop
 
 # 2 x 2 x 4 x 2 = 32 combinations of group choices x 360 value overrides = 11,520 jobs:
 # 10,080 variants, 1,440 skipped (executorch has no cuda)
