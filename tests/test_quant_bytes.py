@@ -136,3 +136,44 @@ def test_a_file_past_the_external_limit_is_quantised_with_its_weights_and_saved_
     a = onnx_format.anatomy(path)
     assert a["constant_bytes"] == ROWS * K * 4 + K * N // 2 + N * (K // 32) * 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]
+
+
+def test_a_tied_head_read_through_a_transpose_gets_its_own_packed_weight(tmp_path):
+    """Gather(table) and MatMul(x, Transpose(table)): the head is quantised from its own
+    transposed copy, the lookup keeps the float table, and no Transpose is left."""
+    import onnxruntime as ort
+
+    table = numpy_helper.from_array(np.random.default_rng(1).standard_normal((ROWS, K)).astype(np.float32), "table")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "ids"], ["x"], name="embed"),
+            helper.make_node("Transpose", ["table"], ["table_t"], name="t", perm=[1, 0]),
+            helper.make_node("MatMul", ["x", "table_t"], ["y"], name="head"),
+        ],
+        "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1, ROWS])],
+        [table],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    ids = np.array([[3], [7]], np.int64)
+    want = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
+    details = _onnx_quant.quantize(proto, "int4", 32)
+    assert details["onnx_quant_untied"] == 1 and details["onnx_quant_matmuls"] == 1
+    assert [n.op_type for n in proto.graph.node] == ["Gather", "MatMulNBits"]
+    a = anatomy_of(proto, tmp_path)
+    assert a["lookup_tables"] == [{"bytes": ROWS * K * 4, "rows": ROWS}]
+    assert a["constant_bytes"] == ROWS * K * 4 + ROWS * K // 2 + ROWS * (K // 32) * 4
+    got = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
+    assert np.abs(got - want).max() < 0.25 * np.abs(want).max()
+
+
+def test_a_group_the_quantiser_cannot_block_is_planned_as_skipped():
+    class Point:
+        quant, quant_group = "int4", 48
+
+    assert "model.quant_group=48" in onnx_format.unsupported({}, Point(), None, "cpu")
+    Point.quant_group = 128
+    assert onnx_format.unsupported({}, Point(), None, "cpu") is None
+    Point.quant, Point.quant_group = "int8", 48  # int8's blocks are its own
+    assert onnx_format.unsupported({}, Point(), None, "cpu") is None

@@ -2,7 +2,7 @@
 (onnxruntime.quantization.matmul_nbits_quantizer): every MatMul with a constant weight
 becomes a MatMulNBits holding the weight packed along K in blocks, one scale per block,
 symmetric (no zero points), as ONNX Runtime GenAI's model builder makes it. Embedding
-lookups (Gather) stay in the model's dtype.
+lookups (Gather) stay in the model's dtype; a tied output head gets its own packed copy.
 
   int4   4-bit blocks of model.quant_group, float activations (accuracy_level unset: fp32)
   8da4w  the same weights, accuracy_level=4: ONNX Runtime quantises the activations to int8
@@ -19,12 +19,22 @@ import logging
 from pathlib import Path
 from typing import Any
 
-INT8_BLOCK = 256  # the largest block MLAS's blockwise quantiser takes
-MIN_BLOCK = 16
+BLOCKS = (16, 32, 64, 128, 256)  # the blocks MLAS's blockwise quantiser takes
+INT8_BLOCK, MIN_BLOCK = BLOCKS[-1], BLOCKS[0]
 # quant -> (bits, accuracy_level); accuracy_level None leaves the attribute out (fp32 compute)
 SETTINGS = {"int8": (8, None), "int4": (4, None), "8da4w": (4, 4)}
 # the genai builder's precision and extra options for each quant (its own MatMulNBits path)
 GENAI = {"int8": ("int8", 1), "int4": ("int4", 1), "8da4w": ("int4", 4)}
+
+
+def unsupported(quant: str, group: int) -> str | None:
+    """Why ONNX Runtime's quantiser cannot make this quant and group (a planned skip), or None."""
+    if quant in ("int4", "8da4w") and group not in BLOCKS:
+        return (
+            f"model.quant_group={group}: ONNX Runtime's MatMulNBits quantiser (MLAS) takes blocks of "
+            f"{', '.join(map(str, BLOCKS))} along K"
+        )
+    return None
 
 
 def block_size(quant: str, group: int, k: int) -> int:
@@ -55,6 +65,42 @@ def _constant_matmuls(graph: Any) -> dict[str, int]:
     }
 
 
+def _untie_transposed_weights(graph: Any) -> int:
+    """A MatMul that reads a 2-D initializer through a Transpose (a tied output head reads
+    the embedding table so) gets the transposed weight as its own initializer, which the
+    quantiser packs, as the builder quantises a tied head; the Gather keeps the float table.
+    Returns how many were untied."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in graph.initializer}
+    consumers: dict[str, int] = {}
+    for n in graph.node:
+        for name in n.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    transposed = {
+        n.output[0]: n
+        for n in graph.node
+        if n.op_type == "Transpose"
+        and n.input[0] in inits
+        and len(inits[n.input[0]].dims) == 2
+        and [a.ints for a in n.attribute if a.name == "perm"] in ([], [[1, 0]])
+    }
+    untied = 0
+    for n in graph.node:
+        if n.op_type != "MatMul" or n.input[1] not in transposed:
+            continue
+        transpose = transposed[n.input[1]]
+        weight = numpy_helper.from_array(numpy_helper.to_array(inits[transpose.input[0]]).T.copy(), n.input[1] + "_weight")
+        graph.initializer.append(weight)
+        n.input[1] = weight.name
+        consumers[transpose.output[0]] -= 1
+        untied += 1
+    for out, transpose in transposed.items():
+        if consumers.get(out, 0) == 0:
+            graph.node.remove(transpose)
+    return untied
+
+
 def quantize(proto: Any, quant: str, group: int) -> dict[str, Any]:
     """Quantise `proto` (loaded with its weights) in place; details for the export's meta."""
     root = logging.getLogger()
@@ -64,6 +110,7 @@ def quantize(proto: Any, quant: str, group: int) -> dict[str, Any]:
 
     root.handlers[:], root.level = handlers, root_level
     bits, level = SETTINGS[quant]
+    untied = _untie_transposed_weights(proto.graph)
     nodes = _constant_matmuls(proto.graph)
     unnamed = [n for n in proto.graph.node if n.op_type == "MatMul" and not n.name]
     if unnamed:
@@ -94,6 +141,7 @@ def quantize(proto: Any, quant: str, group: int) -> dict[str, Any]:
         "onnx_quant_accuracy_level": level or 0,
         "onnx_quant_matmuls": done,
         "onnx_float_matmuls": sum(1 for n in proto.graph.node if n.op_type == "MatMul"),
+        "onnx_quant_untied": untied,
         "onnx_quant_by": "onnxruntime.quantization.matmul_nbits_quantizer",
     }
 

@@ -78,6 +78,8 @@ class Options:
 
 def unsupported(options: dict[str, Any], model: Any, phase: Any, device: str) -> str | None:
     """Why these export options cannot make this grid point (planned as skipped), or None."""
+    if why := _onnx_quant.unsupported(getattr(model, "quant", "none"), getattr(model, "quant_group", 32)):
+        return why
     return _genai.unsupported(model, phase, device) if options.get("exporter") == "genai" else None
 
 
