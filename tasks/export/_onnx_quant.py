@@ -10,7 +10,8 @@ lookups (Gather) stay in the model's dtype; a tied output head gets its own pack
   int8   8-bit blocks of 256 along K (or K itself when smaller): the nearest to per channel
          MLAS quantises (blocks of 16 to 256)
 
-The top half is torch-free: the planner reads SETTINGS' facts through tasks/export/onnx.py.
+Torch-free, and onnxruntime is imported only to quantise: the planner asks unsupported()
+through tasks/export/onnx.py.
 """
 
 from __future__ import annotations
