@@ -260,6 +260,7 @@ def bench_job(spec: BenchSpec) -> BenchResult:
                 phase=spec.phase,
                 model_dtype=spec.model.dtype,
                 details=meta["details"],
+                anatomy=meta.get("anatomy"),
                 feeds=feeds,
                 median_ms=stats["latency_ms_median"],
                 peak_gbs=peak if spec.device == "cuda" else None,

@@ -28,6 +28,9 @@ IN_GRAPH_KV_CACHES = ("update_cache",)  # the graph holds its cache: no past/pre
 # 0..C-1, one call through the program) before the graph's own inputs are run
 CONTEXT = "context_ids"
 DEVICES = ("cpu", "cuda")
+# model.quant: none | int8 (weight-only, per channel) | int4 (weight-only, group-wise) |
+# 8da4w (dynamic int8 activations, int4 group-wise weights); model.quant_group: the int4 group
+QUANTS = ("none", "int8", "int4", "8da4w")
 
 # Graph input/output names of the KV cache, one pair per layer: `past_key_values.{i}.key`
 # in, `present.{i}.key` out. Every module that builds or reads them uses these.
@@ -89,6 +92,8 @@ class ModelSpec:
     seed: int = 0
     kv_cache: str = "static"  # tasks/model/kv_cache.py implementation
     attention: str = "sdpa"  # tasks/model/sdpa.py implementation
+    quant: str = "none"  # QUANTS: weight quantisation, made by each format's or runtime's own path
+    quant_group: int = 32  # group size of int4 / 8da4w weights
 
 
 @dataclass  # not frozen: OmegaConf cannot merge values into a frozen dataclass nested in a schema

@@ -7,7 +7,10 @@ own artifact (tasks/export/<format>.py `anatomy`) and hands the counts to summar
   partitions     [{"backend": ..., "ops": {op name: count}}]  delegate partitions
   nodes          how many ops (the sum of `ops`)
   transposes, copies, casts   data-movement ops, by the format's own op names
-  constant_bytes weights and other constants stored with the graph
+  constant_bytes weights and other constants as the artifact stores them (packed int4, its
+                 scales and zero points count as their stored bytes)
+  lookup_tables  [{"bytes": ..., "rows": ...}]  the constants only read by row (an embedding
+                 table): a decode step reads its batch's rows of each, not the table
   artifact_bytes the file(s) on disk
 
 Torch-free: the driver logs and compares anatomies.
@@ -30,9 +33,11 @@ def summary(
     constant_bytes: int,
     artifact_bytes: int,
     movement: dict[str, frozenset[str]] | None = None,
+    lookups: list[dict[str, int]] | None = None,
 ) -> dict:
     """`movement`: the format's op names of each of KINDS (its MOVEMENT); None: every
-    format's of this package (their op names do not collide)."""
+    format's of this package (their op names do not collide). `lookups`: the
+    lookup_tables."""
     movement = movement if movement is not None else _every_format_movement()
     out: dict[str, Any] = {
         "ops": dict(sorted(ops.items())),
@@ -41,6 +46,7 @@ def summary(
         "nodes": sum(ops.values()),
         "constant_bytes": int(constant_bytes),
         "artifact_bytes": int(artifact_bytes),
+        "lookup_tables": [{"bytes": int(t["bytes"]), "rows": int(t["rows"])} for t in lookups or ()],
     }
     for kind in KINDS:
         out[kind] = sum(n for op, n in ops.items() if op in movement.get(kind, ()))
@@ -53,6 +59,14 @@ def _every_format_movement() -> dict[str, frozenset[str]]:
 
     tables = [getattr(format_module(name), "MOVEMENT", {}) for name in available("tasks.export")]
     return {kind: frozenset().union(*(t.get(kind, ()) for t in tables)) for kind in KINDS}
+
+
+def bytes_read_per_step(anatomy: dict, rows: int) -> int:
+    """The stored constant bytes one call reads when it looks up `rows` rows of each lookup
+    table: every other constant whole (a decode step's weights, as stored: quantised or not)."""
+    tables = anatomy.get("lookup_tables", [])
+    whole = anatomy["constant_bytes"] - sum(t["bytes"] for t in tables)
+    return whole + sum(min(rows, t["rows"]) * t["bytes"] // t["rows"] for t in tables if t["rows"])
 
 
 def headline(anatomy: dict) -> dict[str, float]:

@@ -101,11 +101,23 @@ def write_tokenizer(folder: Path, vocab_size: int, checkpoint: str | None) -> st
     return "word-level over the model's ids"
 
 
-def build(model: torch.nn.Module, family: str, dtype: str, checkpoint: str | None, out_dir: Path) -> dict[str, Any]:
+def build(
+    model: torch.nn.Module,
+    family: str,
+    dtype: str,
+    checkpoint: str | None,
+    out_dir: Path,
+    quant: str = "none",
+    group: int = 32,
+) -> dict[str, Any]:
     """model.onnx (+ .data), genai_config.json and the tokenizer in out_dir, built from the
-    model's weights as transformers saves them. Returns details for the export's meta."""
+    model's weights as transformers saves them, quantised by the builder's own int4/int8
+    precision for model.quant (tasks/export/_onnx_quant.py GENAI). Returns details for the
+    export's meta."""
     import onnxruntime_genai
     from onnxruntime_genai.models.builder import create_model, parse_extra_options
+
+    from tasks.export._onnx_quant import genai_options
 
     architecture = model.config.architectures[0] if model.config.architectures else ARCHITECTURES[family]
     if architecture != ARCHITECTURES[family]:
@@ -118,10 +130,13 @@ def build(model: torch.nn.Module, family: str, dtype: str, checkpoint: str | Non
             model.config.architectures = [architecture]
             model.save_pretrained(str(hf), safe_serialization=True)
         tokenizer = write_tokenizer(hf, model.config.vocab_size, checkpoint)
-        precision = PRECISIONS[dtype]
+        precision, extra, quant_details = PRECISIONS[dtype], EXTRA_OPTIONS, {}
+        if quant != "none":
+            precision, quant_extra, quant_details = genai_options(quant, group)
+            extra = [*EXTRA_OPTIONS, *quant_extra]
         try:
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-                options = parse_extra_options(None, str(hf), str(out_dir), precision, "cpu", str(cache), EXTRA_OPTIONS)
+                options = parse_extra_options(None, str(hf), str(out_dir), precision, "cpu", str(cache), extra)
                 create_model(None, str(hf), str(out_dir), precision, "cpu", str(cache), **options)
         except Exception as exc:
             tail = "\n".join(log.getvalue().splitlines()[-20:])
@@ -131,4 +146,5 @@ def build(model: torch.nn.Module, family: str, dtype: str, checkpoint: str | Non
         "genai_version": onnxruntime_genai.__version__,
         "genai_precision": precision,
         "genai_tokenizer": tokenizer,
+        **quant_details,
     }

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.export._anatomy import summary
+from tasks.export._pte_bytes import lookup_tables, segment_bytes
 from tasks.specs import IN_GRAPH_KV_CACHES, choice
 
 if TYPE_CHECKING:
@@ -112,6 +113,7 @@ def export(
     path = out_dir / "model.pte"
     path.write_bytes(et.buffer)
     inside["artifact_bytes"] = path.stat().st_size
+    inside["constant_bytes"] = segment_bytes(path) or inside["constant_bytes"]  # as the file stores them
     total = info.num_delegated_nodes + info.num_non_delegated_nodes
     custom = {op: n for op, n in inside["ops"].items() if op.split(".")[0] not in CORE_NAMESPACES}
     return path.name, {
@@ -189,4 +191,5 @@ def anatomy(edge_program: Any) -> dict:
         elif node.op == "call_function" and (op := _edge_op(node.target, node.args)):
             ops[op] += 1
             outside[op] += 1
-    return summary(ops, outside, partitions, constants, 0, MOVEMENT)
+    embeddings = lookup_tables(edge_program, lambda n: _edge_op(n.target, n.args) == "aten.embedding")
+    return summary(ops, outside, partitions, constants, 0, MOVEMENT, embeddings)

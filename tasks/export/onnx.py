@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.export import _genai
+from tasks.export import _genai, _onnx_quant
 from tasks.export._anatomy import summary
 from tasks.export._weights import canonical_external_data
-from tasks.specs import at_least, choice
+from tasks.specs import DEVICES, at_least, choice
+from tasks.specs import QUANTS as ALL_QUANTS
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +40,10 @@ REFUSES = {
     "model.kv_cache": {"update_cache": "ONNX has no llama::update_cache / custom_sdpa (ExecuTorch's LLM custom ops)"},
     "model.attention": {"custom_sdpa": "ONNX has no llama::update_cache / custom_sdpa (ExecuTorch's LLM custom ops)"},
 }
+# model.quant by device: ONNX Runtime's own quantiser, or the genai builder's int4/int8, makes
+# every value for a file any device loads (tasks/export/_onnx_quant.py); runtimes say what runs
+QUANTS = dict.fromkeys(DEVICES, ALL_QUANTS)
+QUANT_NOTE = "ONNX weight quantisation is MatMulNBits (tasks/export/_onnx_quant.py)"
 # data-movement ops by ONNX op type (tasks/export/_anatomy.py)
 MOVEMENT = {
     "transposes": frozenset({"Transpose"}),
@@ -73,6 +78,8 @@ class Options:
 
 def unsupported(options: dict[str, Any], model: Any, phase: Any, device: str) -> str | None:
     """Why these export options cannot make this grid point (planned as skipped), or None."""
+    if why := _onnx_quant.unsupported(getattr(model, "quant", "none"), getattr(model, "quant_group", 32)):
+        return why
     return _genai.unsupported(model, phase, device) if options.get("exporter") == "genai" else None
 
 
@@ -97,6 +104,7 @@ def export(
 
     opts = Options(**options)
     path = out_dir / "model.onnx"
+    quant, group = description["model"].get("quant", "none"), description["model"].get("quant_group", 32)
     if opts.exporter == "genai":
         return _export_genai(graph, path, description)
     weight_bytes = sum(p.numel() * p.element_size() for p in graph.parameters())
@@ -115,12 +123,32 @@ def export(
             optimize=opts.optimize,
             verbose=False,
         )
+    details: dict[str, Any] = {}
+    if quant != "none":  # after the export and its optimisation, as ONNX Runtime's quantiser expects
+        details = _onnx_quant.quantize_file(path, quant, group, EXTERNAL_DATA_BYTES)
+        description = {**description, "quant": quant_description(quant, group, details)}
     proto = onnx.load(str(path), load_external_data=False)  # the weights stay where they are
     onnx.helper.set_model_props(proto, metadata(description))
     if not canonical_external_data(path, proto):  # saves proto; the weights laid out by their bytes
         onnx.save(proto, str(path))
-    details = {"onnx_nodes": len(proto.graph.node), "onnx_opset": proto.opset_import[0].version}
+    opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    details.update(onnx_nodes=len(proto.graph.node), onnx_opset=opset)
     return path.name, details, anatomy(path)
+
+
+def quant_description(quant: str, group: int, details: dict[str, Any]) -> dict[str, Any]:
+    """The file's own account of its quantisation (the description's `quant`), from the
+    quantiser's details (onnx_quant_*)."""
+    return {
+        "quant": quant,
+        "quant_group": group,
+        "op": "com.microsoft.MatMulNBits",
+        "bits": details["onnx_quant_bits"],
+        "block_size": details["onnx_quant_blocks"],
+        "accuracy_level": details["onnx_quant_accuracy_level"],
+        "symmetric": True,
+        "by": details["onnx_quant_by"],
+    }
 
 
 def _export_genai(graph: Any, path: Path, description: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -129,9 +157,12 @@ def _export_genai(graph: Any, path: Path, description: dict[str, Any]) -> tuple[
     import onnx
 
     m = description["model"]
-    details = _genai.build(graph.lm, m["family"], m["dtype"], m.get("checkpoint"), path.parent)
+    quant, group = m.get("quant", "none"), m.get("quant_group", 32)
+    details = _genai.build(graph.lm, m["family"], m["dtype"], m.get("checkpoint"), path.parent, quant, group)
     proto = onnx.load(str(path), load_external_data=False)
     description = {**description, "exporter": "genai", **_io(proto)}
+    if quant != "none":
+        description["quant"] = quant_description(quant, group, details)
     onnx.helper.set_model_props(proto, metadata(description))
     onnx.save(proto, str(path))
     opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
@@ -182,6 +213,8 @@ def _graph_ops(graph: Any, ops: Counter) -> None:
 
 
 def _tensor_bytes(t: Any) -> int:
+    """Its bytes as stored: external data's length, raw bytes, else its elements at their
+    width (4-bit types two to a byte)."""
     import onnx
 
     for entry in t.external_data:
@@ -192,7 +225,38 @@ def _tensor_bytes(t: Any) -> int:
     n = 1
     for d in t.dims:
         n *= d
+    packed = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4, getattr(onnx.TensorProto, "FLOAT4E2M1", -1)}
+    if t.data_type in packed:
+        return (n + 1) // 2
     return n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+
+
+# (op type, input) that reads a constant by row: an embedding table, a rotary cos/sin cache
+ROW_READS = frozenset(
+    {
+        ("Gather", 0),
+        ("GroupQueryAttention", 7),
+        ("GroupQueryAttention", 8),
+        ("RotaryEmbedding", 2),
+        ("RotaryEmbedding", 3),
+    }
+)
+
+
+def _lookups(graph: Any, sizes: dict[str, int]) -> list[dict[str, int]]:
+    """The initializers only ever read by row (ROW_READS; a Gather on axis 0), with their rows."""
+    readers: dict[str, set[tuple[str, int]]] = {}
+    for node in graph.node:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        for i, name in enumerate(node.input):
+            if name in sizes:
+                readers.setdefault(name, set()).add((node.op_type if axis == 0 else "", i))
+    dims = {t.name: list(t.dims) for t in graph.initializer}
+    return [
+        {"bytes": sizes[name], "rows": dims[name][0]}
+        for name, how in readers.items()
+        if how <= ROW_READS and len(dims[name]) == 2
+    ]
 
 
 def fused_counts(anatomy: dict) -> dict[str, int]:
@@ -216,9 +280,10 @@ def anatomy(path: str | Path) -> dict:
     for fn in proto.functions:  # local functions the exporter kept
         for node in fn.node:
             ops[_op(node)] += 1
-    constants = sum(_tensor_bytes(t) for t in proto.graph.initializer)
+    sizes = {t.name: _tensor_bytes(t) for t in proto.graph.initializer}
+    constants = sum(sizes.values())
     constants += sum(
         _tensor_bytes(a.t) for n in proto.graph.node if n.op_type == "Constant" for a in n.attribute if a.HasField("t")
     )
     files = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
-    return summary(ops, Counter(), [], constants, files, MOVEMENT)
+    return summary(ops, Counter(), [], constants, files, MOVEMENT, _lookups(proto.graph, sizes))

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tasks.export._anatomy import bytes_read_per_step
 from tasks.phases._common import PhaseData, check_span, synthetic_only, tokens
 from tasks.specs import (
     CONTEXT,
@@ -168,11 +169,15 @@ def extra_metrics(
     median_ms: float,
     peak_gbs: float | None,
     phase: PhaseSpec | None = None,
+    anatomy: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Bytes one decode step moves, per second of median latency (and its fraction of the
     device's peak, if known). Counted as the graph is exported:
-    - weights: every parameter once, except an untied input embedding, of which a step
-      reads only its B rows (a tied table is read whole by the output head anyway);
+    - weights: with an artifact, its constants as stored (tasks/export/_anatomy.py: packed
+      int4 and its scales at their bytes), each read once, except the tables read by row
+      (an embedding, a rotary cache), of which a step reads its B rows; without one (eager,
+      compile), every parameter at the model dtype, an untied input embedding's B rows only
+      (a tied table is read whole by the output head anyway);
     - KV cache: attention reads every slot of the cache it is given (a static cache's
       unfilled slots are masked, not skipped), and the functional update (index_copy /
       cat, out of place so that one graph serves ONNX and ExecuTorch) reads and writes the
@@ -182,10 +187,13 @@ def extra_metrics(
     """
     element = DTYPE_BYTES[model_dtype]
     batch = feeds["input_ids"].shape[0]
-    params = details["parameters"]
-    if not details.get("tied_embeddings", 1):
-        params -= details["embedding_parameters"] - batch * details["hidden_size"]
-    weights = params * element
+    if anatomy is not None:
+        weights = bytes_read_per_step(anatomy, batch)
+    else:
+        params = details["parameters"]
+        if not details.get("tied_embeddings", 1):
+            params -= details["embedding_parameters"] - batch * details["hidden_size"]
+        weights = params * element
     cache = 3 * sum(a.nbytes for n, a in feeds.items() if n.startswith(PAST))
     if CONTEXT in feeds:  # the cache is in the program: per layer, keys and values of C + 1 slots
         slots = feeds[CONTEXT].shape[1] + 1

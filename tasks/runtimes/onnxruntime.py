@@ -18,6 +18,12 @@ PRELOAD = ("onnxruntime", "onnx")  # onnx reads the optimised graph's anatomy
 MEMORY_FACTOR = 1.5
 DTYPES = {"cpu": ("float32", "float16"), "cuda": ("float32", "float16", "bfloat16")}
 DTYPE_NOTE = "ONNX Runtime's CPU provider has no bfloat16 kernels (e.g. Mul)"
+# model.quant by device: the file's MatMulNBits (tasks/export/_onnx_quant.py), run on CPU here
+QUANTS = {"cpu": ("none", "int8", "int4", "8da4w"), "cuda": ("none",)}
+QUANT_NOTE = (
+    "ONNX Runtime's MatMulNBits ran here on the CPU provider only; on CUDA it is unverified, and "
+    "8da4w's int8 activations (accuracy_level=4) are the CPU provider's"
+)
 OPT_LEVELS = ("disable", "basic", "extended", "all")
 PROFILER = "ONNX Runtime's profiler (SessionOptions.enable_profiling), in a session of its own"
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
