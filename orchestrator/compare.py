@@ -24,6 +24,11 @@ a change of the machine's speed between (or during) the sweeps cannot fake. Use 
 machine you do not control: shared CI runners, VMs, laptops.
 
     python -m orchestrator.compare A B --remeasure --max-seconds 60
+    python -m orchestrator.compare A B --remeasure --cluster 10.0.0.1:6379 --uri http://10.0.0.1:5000
+
+With --cluster, each variant's re-measurement is a Ray task on that cluster, placed as its
+benchmark was (a node's bench slot and all its CPUs, or a GPU); its node reads both runs
+from the tracking store, which every node must reach (a tracking server).
 
 Exit status: 1 when any variant is slower, 0 otherwise, 2 on usage errors.
 """
@@ -31,12 +36,24 @@ Exit status: 1 when any variant is slower, 0 otherwise, 2 on usage errors.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
 from orchestrator.plan.config import TrackingCfg
 from orchestrator.read.compare import compare, pick_sweeps
 from orchestrator.read.store import UsageError, open_store
+
+
+def progress() -> None:
+    """The re-measurement's progress lines (orchestrator.common.console.say) on stderr, where
+    no Hydra logging config routes them; the table stays alone on stdout."""
+    log = logging.getLogger("phasesweep")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--remeasure", action="store_true", help="time both sides again here, interleaved")
     p.add_argument("--max-seconds", type=float, default=60.0, help="--remeasure: timed seconds per variant at most")
     p.add_argument("--target-ci", type=float, default=0.01, help="--remeasure: stop once the ratio's 95%% interval is within this")
+    p.add_argument("--cluster", default=None, metavar="ADDRESS", help="--remeasure: as Ray tasks on this cluster (host:port, ray://host:port, auto)")
     p.add_argument("--block-calls", type=int, default=4, help="--remeasure: calls per side per round, at least")
     args = p.parse_args(argv)
     try:
@@ -64,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"need --max-seconds > 0 (got {args.max_seconds:g}), 0 < --target-ci < 1 (got {args.target_ci:g}) "
                 f"and --block-calls > 0 (got {args.block_calls})"
             )
+        if args.cluster is not None and not args.remeasure:
+            raise UsageError(f"--cluster {args.cluster} places the re-measurement: it needs --remeasure")
         client = open_store(args.uri)
         base, cand = pick_sweeps(client, args.sweeps, args.experiment)
     except UsageError as exc:
@@ -75,8 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from orchestrator.run.remeasure import remeasure
         from tasks.paired import PairOptions
 
+        progress()
         options = PairOptions(max_seconds=args.max_seconds, target_ci=args.target_ci, block_calls=args.block_calls)
-        remeasured = remeasure(client, ok_runs(client, base), ok_runs(client, cand), options)
+        from orchestrator.read.store import store_uri
+        from tasks.specs import ConfigError
+
+        try:
+            remeasured = remeasure(client, ok_runs(client, base), ok_runs(client, cand), options, cluster=args.cluster, uri=store_uri(args.uri))
+        except ConfigError as exc:  # the cluster cannot be reached, or offers no bench slot
+            print(f"compare: {exc}", file=sys.stderr)
+            return 2
     report, text = compare(client, base, cand, args.min_effect, args.alpha, args.resamples, remeasured)
     print(text)
     return 1 if any(r["verdict"] == "slower" for r in report["variants"]) else 0

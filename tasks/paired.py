@@ -60,6 +60,7 @@ class PairResult:
     ci: tuple[float, float] | None = None  # its distribution-free 95% interval
     stop: str = ""  # target | time | rounds
     seconds: float = 0.0
+    node: str = ""  # the Ray node it ran on, when it ran as a task
 
 
 def ratio_interval(ratios: list[float]) -> tuple[float, tuple[float, float] | None]:

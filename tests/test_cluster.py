@@ -103,6 +103,52 @@ def test_benchmarks_land_where_the_placement_rules_say(three_nodes):
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), spans
 
 
+def test_a_remeasurement_on_a_cluster_is_a_task_placed_like_a_benchmark(three_nodes, tmp_path, mlflow_db, monkeypatch, caplog):
+    """compare --remeasure --cluster: each variant's re-measurement is a Ray task asking for
+    what its recorded benchmark asked (a bench slot and a whole bench node's CPUs), so it runs
+    on a node with a bench slot, never on the GPU node. The task's timing itself is the
+    local path's (tests/test_verdict.py); here it reports where it ran."""
+    import logging
+
+    from mlflow.tracking import MlflowClient
+    from omegaconf import OmegaConf
+
+    from orchestrator.run import entries
+    from orchestrator.run.remeasure import remeasure
+    from tasks.paired import PairOptions
+    from tests.test_verdict import compose
+
+    cluster, nodes = three_nodes
+    uri = mlflow_db(tmp_path)
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("remeasure-on-a-cluster")
+    names = ["llama_decode_onnxruntime_cpu", "phi3_decode_onnxruntime_cpu"]
+    sides: dict[str, dict] = {"baseline": {}, "candidate": {}}
+    for side in sides:
+        for name in names:
+            run = client.create_run(exp, run_name=name)
+            config = compose([f"model={name.split('_')[0]}", "phase=decode", "device=cpu", *FAST_OVERRIDES])
+            client.log_text(run.info.run_id, OmegaConf.to_yaml(config), "config.yaml")
+            sides[side][name] = client.get_run(run.info.run_id)
+
+    def where(spec, _timeout_s, _forks):  # stands in for the timing: what it was given, and where
+        import ray
+
+        from tasks.paired import PairResult
+
+        return PairResult(spec.name, ok=True, ratios=[1.0] * 6, ratio=1.0, ci=(1.0, 1.0), node=ray.get_runtime_context().get_node_id())
+
+    monkeypatch.setattr(entries, "remeasure_entry", where)
+    caplog.set_level(logging.INFO, logger="phasesweep")
+    pairs, missed = remeasure(client, sides["baseline"], sides["candidate"], PairOptions(), cluster=cluster.address, uri=uri)
+    assert not missed and sorted(pairs) == names
+    assert {pairs[n]["node"] for n in names} <= nodes["cpu"]  # a bench node each, never the GPU node
+    for name in names:
+        assert f"{name}: queued on {cluster.address}, placed as its benchmark" in caplog.text
+        assert f"{name}: ratio 1.000 [1.000, 1.000] from 6 rounds in 0 s on node {pairs[name]['node']}" in caplog.text
+    assert caplog.text.count("'num_cpus': 2, 'resources': {'phasesweep_bench': 1}") == 2, caplog.text
+
+
 # -- the README's cluster section, on loopback ----------------------------------------------
 
 MISSION = ["-m", "model=llama,phi3", "phase=prefill,decode", "backend=onnxruntime,executorch", "device=cpu"]

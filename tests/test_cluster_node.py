@@ -1,5 +1,6 @@
-"""scripts/cluster_node.py (scripts/cluster.sh) without Ray: the ports `ray start` is given, the
-arguments it refuses, and stop's scope (only the processes of the node folders it names)."""
+"""scripts/cluster.sh (scripts/cluster_node.py, node_ports.py, node_health.py) without Ray: the
+ports `ray start` is given, the arguments it refuses, and stop's scope (only the processes of
+the node folders it names)."""
 
 from __future__ import annotations
 
@@ -18,18 +19,20 @@ from tests.conftest import ROOT, in_session
 
 spec = importlib.util.spec_from_file_location("cluster_node", ROOT / "scripts" / "cluster_node.py")
 node = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(node)
+spec.loader.exec_module(node)  # puts scripts/ on sys.path for its siblings
+import node_health  # noqa: E402
+import node_ports  # noqa: E402
 
 
 def test_ports_are_free_unless_given_and_ray_start_args_win():
     picked = iter(range(20000, 20100))
-    args, ports = node.port_args(
+    args, ports = node_ports.port_args(
         "head",
         {"gcs": 6400, "dashboard": "8300"},
         ["--node-manager-port", "7000", "--num-gpus=0"],
         pick=lambda n: [next(picked) for _ in range(n)],
     )
-    assert set(ports) == set(node.PORTS)  # every port the head opens is named
+    assert set(ports) == set(node_ports.PORTS)  # every port the head opens is named
     assert (ports["gcs"], ports["dashboard"], ports["node_manager"]) == (6400, 8300, 7000)
     assert len(set(ports.values())) == len(ports)  # no port twice
     assert "--port=6400" in args and "--dashboard-port=8300" in args
@@ -38,7 +41,7 @@ def test_ports_are_free_unless_given_and_ray_start_args_win():
 
 
 def test_a_worker_gets_no_head_ports_and_real_free_ones():
-    args, ports = node.port_args("worker", {}, [])
+    args, ports = node_ports.port_args("worker", {}, [])
     assert not {"gcs", "dashboard", "ray_client"} & set(ports)
     assert len(set(ports.values())) == len(ports) == len(args)
     for port in ports.values():  # free now
@@ -184,5 +187,5 @@ def test_the_private_gcs_client_it_reads_is_the_verified_one():
     import ray
     from ray._raylet import GcsClient, InnerGcsClient  # GcsClient forwards its calls to InnerGcsClient
 
-    assert ray.__version__ == node.RAY_VERIFIED, f"Ray {ray.__version__}: check registered()'s GcsClient use, then RAY_VERIFIED"
+    assert ray.__version__ == node_health.RAY_VERIFIED, f"Ray {ray.__version__}: check registered()'s GcsClient use, then RAY_VERIFIED"
     assert hasattr(GcsClient, "__getattr__") and callable(getattr(InnerGcsClient, "get_all_node_info", None))

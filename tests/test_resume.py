@@ -157,3 +157,9 @@ def test_a_sweep_whose_every_variant_is_reused_starts_no_ray(resumed, tmp_path):
     assert f"reused    {len(NAMES)} variant(s)" in sweep.stdout, sweep.stdout
     after = {name: len(runs) for name, runs in ok_runs(resumed["uri"]).items()}
     assert after == before and set(after) == set(NAMES)  # linked, not measured again
+    # nothing new was measured: no plots drawn (most of such a sweep's time), the report's command instead
+    parent = sweep.stdout.split("plots: python -m orchestrator.report ", 1)[1].split()[0]
+    from mlflow.tracking import MlflowClient
+
+    logged = {a.path for a in MlflowClient(tracking_uri=resumed["uri"]).list_artifacts(parent)}
+    assert "summary.txt" in logged and "latency.png" not in logged, logged

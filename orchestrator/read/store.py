@@ -19,9 +19,14 @@ class UsageError(Exception):
     """A store, reference or request that names nothing to read: the CLIs exit 2 with it."""
 
 
+def store_uri(uri: str | None = None) -> str:
+    """The tracking URI compare and report read: `uri`, else the sweep's own ./mlflow.db."""
+    return uri or resolve_uri(TrackingCfg())
+
+
 def open_store(uri: str | None = None) -> Any:
     """An MlflowClient of `uri` (default: the sweep's own ./mlflow.db), which must exist."""
-    uri = uri or resolve_uri(TrackingCfg())
+    uri = store_uri(uri)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         raise UsageError(f"no MLflow store at {uri} (run from the sweep's folder or pass --uri)")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # else a bar per download

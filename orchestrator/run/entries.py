@@ -74,4 +74,29 @@ def pair_entry(spec, timeout_s, _forks, packed=(None, None)):
         spec = replace(spec, options=replace(opts, max_seconds=min(opts.max_seconds, max(1.0, timeout_s / 2)), load_timeout_s=timeout_s / 4))
     result = paired_job(spec)
     result.samples_ns = {}  # the blocks' medians tell the verdict; the sweep's runs hold every sample
+    result.node = node_id()
+    return result
+
+
+def remeasure_entry(spec, timeout_s, _forks):
+    """compare --remeasure on a cluster: the variant's pair rebuilt on this node from its runs
+    in the tracking store (orchestrator/run/remeasure.py), timed interleaved here; a PairResult,
+    or why it could not be rebuilt ("not re-measured: ...")."""
+    import tempfile
+    from pathlib import Path
+
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.run.remeasure import Unavailable, pair_spec
+    from tasks.paired import paired_job
+
+    client = MlflowClient(tracking_uri=spec.uri)
+    runs = {side: client.get_run(run_id) for side, run_id in spec.run_ids.items()}
+    with tempfile.TemporaryDirectory(prefix="phasesweep-remeasure-") as tmp:
+        try:
+            pair = pair_spec(client, spec.name, runs, Path(tmp), spec.options, timeout_s)
+        except Unavailable as e:
+            return f"not re-measured: {e}"
+        result = paired_job(pair)
+    result.node = node_id()
     return result

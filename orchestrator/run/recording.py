@@ -118,9 +118,10 @@ def log_pair(tracker: Tracker, a: Outcome, b: Outcome, result: Any) -> dict[str,
 
 def log_summary(
     tracker: Tracker, parent: str, plan: Plan, outcomes: dict[str, Outcome], rows: list[dict], out_dir: Path,
-    pairs: list[dict[str, str]] | None = None,
+    pairs: list[dict[str, str]] | None = None, plots: bool = True,
 ) -> str:
-    """The sweep's summary (text, JSON, an MLflow table and the run's note) and plots; returns the text."""
+    """The sweep's summary (text, JSON, an MLflow table and the run's note) and, with `plots`,
+    its plots; returns the text."""
     from orchestrator.read.plots import make_plots, plot_rows
     from orchestrator.read.summary import sweep_note
 
@@ -142,7 +143,8 @@ def log_summary(
     params = {pv.name: pv.variant.params for pv in plan.variants}
     params.update({s.name: s.variant.params for s in plan.skipped})
     out_dir.mkdir(parents=True, exist_ok=True)
-    for plot in make_plots(plot_rows(list(outcomes.values()), params), out_dir):  # latency.png at the root
+    drawn = make_plots(plot_rows(list(outcomes.values()), params), out_dir) if plots else []
+    for plot in drawn:  # latency.png at the root
         folder = plot.parent.relative_to(out_dir).as_posix()
         tracker.artifact(parent, plot, None if folder == "." else folder)
     client = getattr(tracker, "client", None)  # MLflow's own; a test's tracker has none

@@ -78,8 +78,11 @@ def run_sweep(
                 run = SweepRun(plan, out_dir, tracker, sched)
                 run.record_plan(command, earlier)
                 links = ui_lines(tracker.uri, getattr(tracker, "experiment_id", None), run.parent)
-                text = run.finish(time.perf_counter() - t0)
+                # nothing new was measured: no plots drawn (most of such a sweep's time);
+                # orchestrator.report draws them from the runs
+                text = run.finish(time.perf_counter() - t0, plots=False)
                 say("\n" + text)
+                say(f"plots: python -m orchestrator.report {run.parent} --out report.md")
                 for line in links:
                     say(line)
                 return run.by_job()
@@ -368,8 +371,8 @@ class SweepRun:
             self.tracker.end(self.parent, "KILLED")
 
     # -- end ------------------------------------------------------------------------------
-    def finish(self, seconds: float) -> str:
-        """The sweep's run: its counts, summary and plots; closed. Returns the summary's text."""
+    def finish(self, seconds: float, plots: bool = True) -> str:
+        """The sweep's run: its counts, summary and (with `plots`) plots; closed. Returns the summary's text."""
         outs = list(self.outcomes.values())
         counts = {s.value: sum(o.status == s for o in outs) for s in (Status.OK, Status.FAILED, Status.SKIPPED)}
         failed = counts[Status.FAILED] > 0
@@ -379,7 +382,7 @@ class SweepRun:
             tags={"status": Status.FAILED if failed else Status.OK},
         )
         pairs = list(self.pairs.values())
-        text = recording.log_summary(self.tracker, self.parent, self.plan, self.outcomes, summary_rows(outs), self.out_dir, pairs)
+        text = recording.log_summary(self.tracker, self.parent, self.plan, self.outcomes, summary_rows(outs), self.out_dir, pairs, plots)
         self.tracker.end(self.parent, "FAILED" if failed else "FINISHED")
         return text
 
