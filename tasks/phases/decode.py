@@ -112,20 +112,8 @@ def data_from_cache(
     reference model on the cache the step before left."""
     import torch
 
-    from tasks.model.kv_cache import make_kv_cache
-    from tasks.model.tensors import dtype_name, to_numpy
-
     with torch.inference_mode():
-        layout = make_kv_cache(kv_cache)
-        past: dict[str, np.ndarray] = {}
-        dtypes: dict[str, str] = {}
-        names = iter(kv_names(PAST, dims["layers"]))
-        slots = capacity(phase)  # a dynamic cache ignores it: it holds exactly the context
-        for layer in cache.layers if kv_cache not in IN_GRAPH_KV_CACHES else ():
-            for t in (layer.keys, layer.values):
-                name = next(names)
-                past[name] = to_numpy(layout.from_prefix(t.clone(), slots))
-                dtypes[name] = dtype_name(t)
+        past, dtypes = _laid_out(phase, kv_cache, dims, cache)
         feeds = {
             "input_ids": np.ascontiguousarray(steps[:, :1].numpy()),  # [B, 1]
             "cache_position": np.array([phase.context_len], dtype=np.int64),  # [1]
@@ -137,6 +125,70 @@ def data_from_cache(
             refs.append(out.logits[:, -1:].float())  # [B, 1, V]
     assert list(feeds) == io_names(phase, dims["layers"], kv_cache)[0]
     return PhaseData(feeds, {"step_tokens": steps.numpy(), "ref_logits": torch.stack(refs).numpy()}, dims, dtypes)
+
+
+def _laid_out(phase: PhaseSpec, kv_cache: str, dims: dict[str, int], cache: Any) -> tuple[dict, dict[str, str]]:
+    """A transformers cache as the graph's past inputs ({} for an in-graph cache), and their dtypes."""
+    from tasks.model.kv_cache import make_kv_cache
+    from tasks.model.tensors import dtype_name, to_numpy
+
+    layout = make_kv_cache(kv_cache)
+    past: dict[str, np.ndarray] = {}
+    dtypes: dict[str, str] = {}
+    names = iter(kv_names(PAST, dims["layers"]))
+    slots = capacity(phase)  # a dynamic cache ignores it: it holds exactly the context
+    for layer in cache.layers if kv_cache not in IN_GRAPH_KV_CACHES else ():
+        for t in (layer.keys, layer.values):
+            name = next(names)
+            past[name] = to_numpy(layout.from_prefix(t.clone(), slots))
+            dtypes[name] = dtype_name(t)
+    return past, dtypes
+
+
+def quality_inputs(
+    model: torch.nn.Module, ref: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dict[str, int], take: Any, tokens: int
+) -> tuple[dict[str, np.ndarray] | None, str]:
+    """Teacher-forced windows of the text, each as long as the cache holds: its first token is
+    cached by `model` (as parity's context), the artifact then steps through positions
+    1..S, each step predicting the next token. Windows [W, B, S + 2]; the reference's
+    log-probabilities in the artifact's order (window, step, row)."""
+    import torch
+    from transformers import DynamicCache
+
+    from tasks.phases._quality import reference_logprobs
+
+    b = phase.batch
+    count = -(-tokens // (b * (capacity(phase) - 1)))  # windows of at most capacity - 1 steps (positions 1..S)
+    steps = -(-tokens // (b * count))
+    ids = take(count * b * (steps + 2))
+    count = min(count, len(ids) // (b * (steps + 2)))
+    if count < 1:
+        return None, f"the quality text has {len(ids)} tokens; decode needs {b * (steps + 2)} for one window"
+    windows = ids[: count * b * (steps + 2)].reshape(count, b, steps + 2)
+    arrays: dict[str, np.ndarray] = {"q_tokens": windows.numpy()}
+    with torch.inference_mode():
+        for w, win in enumerate(windows):
+            cache = model(input_ids=win[:, :1], use_cache=True, cache=DynamicCache()).cache
+            arrays.update({f"q{w}.{n}": a for n, a in _laid_out(phase, kv_cache, dims, cache)[0].items()})
+    logprobs = reference_logprobs(ref, windows.reshape(count * b, steps + 2), steps + 1)[:, :steps]  # positions 1..S
+    logprobs = logprobs.reshape(count, b, steps, -1).transpose(0, 2, 1, 3)
+    arrays["q_ref_logprobs"] = np.ascontiguousarray(logprobs.reshape(count * steps * b, -1))
+    arrays["q_targets"] = windows[:, :, 2:].numpy().transpose(0, 2, 1).reshape(-1)
+    return arrays, ""
+
+
+def quality_logits(session: Any, phase: PhaseSpec, feeds: dict, q: dict[str, np.ndarray]) -> np.ndarray:
+    """The artifact's logits [N, V] over the stored windows, stepped as parity steps (run_steps)."""
+    past = [n for n in feeds if n.startswith(PAST)]
+    out = []
+    for w, win in enumerate(q["q_tokens"]):  # [B, S + 2]
+        window = {"input_ids": win[:, 1:2], "cache_position": np.array([1], dtype=np.int64)}
+        window.update({n: q[f"q{w}.{n}"] for n in past})
+        if CONTEXT in feeds:  # an in-graph cache: the program caches the first token itself
+            window[CONTEXT] = np.ascontiguousarray(win[:, :1])
+        logits = session.run_steps(window, win[:, 1:-1], 1)  # S steps of [B, 1, V]
+        out.append(np.stack(logits)[:, :, 0])  # [S, B, V]
+    return np.concatenate([o.reshape(-1, o.shape[-1]) for o in out])
 
 
 def build_graph(model: torch.nn.Module, phase: PhaseSpec, family: str, kv_cache: str, attention: str) -> torch.nn.Module:
