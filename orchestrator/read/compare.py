@@ -94,7 +94,7 @@ def compare_rows(report: dict[str, Any]) -> list[dict[str, str]]:
             rows.append(
                 {"variant": name, "baseline_ms": "-", "candidate_ms": "-", "ratio": "-", "ratio_95ci": "-"}
                 | {"p_holm": "-", "verdict": f"only in {side}"}
-                | ({"measured": "-"} if report.get("remeasured") is not None else {})
+                | ({"measured": "-"} if report.get("remeasured") is not None else {})  # table(): rows of equal keys
                 | ({"quality": "-"} if quality else {})
             )
     return rows

@@ -36,6 +36,8 @@ def quality_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     if not panels:
         return False
     plt = pyplot()
+    from matplotlib.ticker import FuncFormatter
+
     keys = sorted(panels)
     ncols = 1 if len(keys) == 1 else 2
     nrows = math.ceil(len(keys) / ncols)
@@ -62,6 +64,7 @@ def quality_plot(rows: list[dict[str, Any]], path: Path) -> bool:
         pad_log_limits(ax.set_xlim, xs, 1.5)
         if use_ppl:
             ax.set_yscale("symlog", linthresh=0.1)  # +-0.1%: float32 variants sit at 0
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
             ax.axhline(0, color="0.8", lw=0.8, zorder=0)
             ax.set_ylabel("perplexity increase over float32 eager, %", fontsize=9)
         else:
@@ -72,6 +75,9 @@ def quality_plot(rows: list[dict[str, Any]], path: Path) -> bool:
         ax.set_xlabel("median latency per call, ms (log; a decode call is one token per row)", fontsize=9)
         ax.grid(alpha=0.3, which="major")
         ax.set_title(f"{key[0]} · {key[1]}", fontsize=11, loc="left")
-    fig.suptitle("Speed against quality — ringed and joined: the Pareto front (nothing both faster and better)", fontsize=10)
+    fig.suptitle(
+        "Speed against quality — blue, ringed and joined: the Pareto front (nothing both faster and better); orange: another is faster and no worse",
+        fontsize=10,
+    )
     fig.tight_layout()
     return save(fig, path)
