@@ -55,7 +55,7 @@ def metrics(logits: np.ndarray, ref_logprobs: np.ndarray, targets: np.ndarray | 
     if logits.shape != ref_logprobs.shape:
         raise ValueError(f"logits {logits.shape} and reference {ref_logprobs.shape} differ")
     lp = log_softmax(logits)
-    ref = ref_logprobs.astype(np.float64)
+    ref = log_softmax(ref_logprobs)  # normalised again in float64: float32 storage leaves ~1e-7 of KL
     p_ref = np.exp(ref)
     kl = np.sum(p_ref * (ref - lp), axis=-1)
     out = {
