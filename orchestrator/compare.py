@@ -30,7 +30,12 @@ With --cluster, each variant's re-measurement is a Ray task on that cluster, pla
 benchmark was (a node's bench slot and all its CPUs, or a GPU); its node reads both runs
 from the tracking store, which every node must reach (a tracking server).
 
-Exit status: 1 when any variant is slower, 0 otherwise, 2 on usage errors.
+Where both sweeps measured a variant's quality (bench.quality), a quality column shows its
+change, and LOST QUALITY flags a perplexity increase over float32 eager up by more than 1
+percentage point (without perplexity: top-1 agreement down by more than 2 points), noted
+"not a win" when the variant also got faster.
+
+Exit status: 1 when any variant is slower or lost quality, 0 otherwise, 2 on usage errors.
 """
 
 from __future__ import annotations
@@ -107,7 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     report, text = compare(client, base, cand, args.min_effect, args.alpha, args.resamples, remeasured)
     print(text)
-    return 1 if any(r["verdict"] == "slower" for r in report["variants"]) else 0
+    slower = any(r["verdict"] == "slower" for r in report["variants"])
+    return 1 if slower or any(r["lost"] for r in report["quality"].values()) else 0
 
 
 if __name__ == "__main__":

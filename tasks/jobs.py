@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks.measure.quality import QUALITY
 from tasks.specs import BenchResult, BenchSpec, ExportResult, ExportSpec, Failure
 from tasks.worker.entries import (
     INPUTS,
@@ -65,6 +66,7 @@ def export_job(spec: ExportSpec) -> ExportResult:
         from tasks.export._description import describe
         from tasks.model.models import build_model, count_parameters, embedding_facts, model_dims
         from tasks.phases import phase_module
+        from tasks.phases._quality import make_quality
 
         fmt = format_module(spec.export_format)
         phase = phase_module(spec.phase.name)
@@ -73,6 +75,7 @@ def export_job(spec: ExportSpec) -> ExportResult:
         dims = model_dims(model)
         phase.check(spec.phase, dims)
         data = phase.make_data(model, spec.phase, m.kv_cache, dims)
+        quality, quality_note = make_quality(model, phase, spec, dims)  # before the swap: the eager model's own
         graph = phase.build_graph(model, spec.phase, m.family, m.kv_cache, m.attention)
         input_names, output_names = phase.io_names(spec.phase, dims["layers"], m.kv_cache)
         description = describe(spec, dims, _signature(input_names, data.example_args()), _outputs(graph, data, output_names))
@@ -83,6 +86,8 @@ def export_job(spec: ExportSpec) -> ExportResult:
         export_seconds = time.perf_counter() - t0
         np.savez(tmp / INPUTS, **data.feeds)
         np.savez(tmp / PARITY, **data.parity)
+        if quality is not None:
+            np.savez(tmp / QUALITY, **quality)
         artifact_bytes = sum(p.stat().st_size for p in tmp.glob(f"{artifact}*")) if artifact else 0
         meta = {
             "key": spec.key,
@@ -100,13 +105,14 @@ def export_job(spec: ExportSpec) -> ExportResult:
                 **data.dims,
                 **embedding_facts(model),
                 "parameters": count_parameters(model),
+                "quality_inputs": quality_note,
                 "torch": torch.__version__,
             },
         }
         (tmp / META).write_text(json.dumps(meta, indent=1))
         write_manifest(tmp)
         share_files(tmp)  # a model's weights once in the cache, however many of its graphs hold them
-        del model, graph, data
+        del model, graph, data, quality
         _release_memory()  # the worker lives on: give a large model's memory back to the OS
         try:
             tmp.rename(out)
@@ -274,6 +280,11 @@ def bench_job(spec: BenchSpec) -> BenchResult:
 
             with tempfile.TemporaryDirectory(prefix="phasesweep-profile-") as folder, session.timed_region():
                 result.profile = session.profile(feeds, CALLS, Path(folder))
+        if spec.bench.quality:  # after every timed call, through the same session
+            stage = "quality"
+            from tasks.phases._quality import measure as measure_quality
+
+            result.metrics.update(measure_quality(session, phase, spec.phase, feeds, spec.export_dir))  # as parity: untimed
         result.ok = True
     except Exception as exc:
         result.failure = _failure(stage, exc)

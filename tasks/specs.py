@@ -19,6 +19,7 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 DTYPES = tuple(DTYPE_BYTES)
 KV_CACHES = ("static", "dynamic", "update_cache")
 ATTENTIONS = ("sdpa", "math", "custom_sdpa")
+QUANTS = ("none", "int8", "int4", "8da4w")
 # ExecuTorch's LLM custom ops (executorch.extension.llm.custom_ops) come as a pair: the cache
 # kept inside the graph [B, S_max, H_kv, D], written in place by llama::update_cache, is the
 # layout llama::custom_sdpa reads (with the start position for its causal mask)
@@ -151,6 +152,14 @@ class CaptureResult:
 
 
 @dataclass(frozen=True)
+class QualitySpec:
+    """What the export stores for the quality measurement (tasks/phases/_quality.py)."""
+
+    tokens: int  # positions predicted, at least (bench.quality_tokens)
+    text: str | None = None  # a UTF-8 text file; None: the held-out part of pydoc_data's topics
+
+
+@dataclass(frozen=True)
 class ExportSpec:
     key: str  # content hash of everything that changes the artifact
     model: ModelSpec
@@ -158,6 +167,7 @@ class ExportSpec:
     export_format: str  # a module of tasks/export/: "onnx" | "executorch" | "none" (eager-style backends)
     out_dir: str  # the export cache entry this job fills
     options: dict[str, Any] = field(default_factory=dict)  # the format's typed Options, as a dict
+    quality: QualitySpec | None = None  # None: no quality inputs (bench.quality=false)
 
 
 @dataclass(frozen=True)
@@ -174,6 +184,9 @@ class BenchOptions:
     parity_atol: float | None = None  # None: by model dtype (tasks/measure/parity.py ATOL)
     repeats: int = 1  # fresh processes per variant, run in random interleaved order across the sweep
     profile: bool = False  # per-op profile after the timed loop (tasks/measure/profiles.py), never during it
+    quality: bool = True  # after the timed loop: KL, top-1 and perplexity against float32 eager (tasks/phases/_quality.py)
+    quality_tokens: int = 256  # positions predicted
+    quality_text: str | None = None  # a UTF-8 text file; None: the held-out part of pydoc_data's topics
 
 
 @dataclass(frozen=True)

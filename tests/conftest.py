@@ -93,6 +93,7 @@ FAST_BENCH = BenchOptions(
     max_seconds=1.0,
     target_ci=10.0,
     threads=1,
+    quality_tokens=32,
 )
 
 

@@ -163,3 +163,32 @@ def test_rows_from_outcomes(tmp_path):
 )
 def test_suffix_is_what_the_name_says_beyond_the_four_axes(name, expected):
     assert draw.suffix({**row(), "name": name}) == expected
+
+
+def quality_row(backend, suffix, median, ppl_increase=None, kl=1e-4, top1=0.99, phase="decode", model="tiny"):
+    r = row(model=model, phase=phase, backend=backend, median=median, quality_kl=kl, quality_top1=top1)
+    r["name"] += f"_{suffix}" if suffix else ""
+    if ppl_increase is not None:
+        r["metrics"].update(quality_ppl_increase=ppl_increase, quality_ppl=10 * (1 + ppl_increase), quality_ppl_ref=10.0)
+    return r
+
+
+def test_speed_vs_quality_is_drawn_only_with_quality(tmp_path):
+    assert plots.QUALITY not in drawn([row()], tmp_path)
+    rows = [
+        quality_row("eager", "", 2.0, 0.0, kl=1e-12, top1=1.0),
+        quality_row("onnxruntime", "", 1.0, 0.0, kl=1e-11, top1=1.0),
+        quality_row("onnxruntime", "int8", 0.6, 0.004),
+        quality_row("executorch", "int4", 0.4, 0.06, kl=3e-2, top1=0.9),
+        quality_row("executorch", "int8", 0.7, 0.01),  # slower and worse than onnxruntime int8: off the front
+        quality_row("eager", "", 3.0, None, kl=1e-12, top1=1.0, phase="prefill", model="llama"),  # random weights: KL
+        quality_row("onnxruntime", "fp16", 2.0, None, kl=2e-5, phase="prefill", model="llama"),
+    ]
+    assert plots.QUALITY in drawn(rows, tmp_path)
+
+
+def test_pareto_front_keeps_what_nothing_beats_on_both():
+    from orchestrator.read.quality_plot import pareto
+
+    points = [(2.0, 0.0), (1.0, 0.0), (0.6, 0.4), (0.4, 6.0), (0.7, 1.0), (0.5, 6.5)]
+    assert pareto(points) == [3, 2, 1]  # by latency; (2.0, 0.0) is tied on quality and slower

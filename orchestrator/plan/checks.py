@@ -68,3 +68,11 @@ def check_bench(b: BenchOptions) -> None:
     at_least("bench.threads", b.threads, 1, optional=True)
     if b.min_iters > b.max_iters:
         raise ConfigError(f"bench.min_iters={b.min_iters} exceeds bench.max_iters={b.max_iters}")
+    at_least("bench.quality_tokens", b.quality_tokens, 1)
+    if b.quality and b.quality_text is not None:
+        text = Path(b.quality_text).expanduser()
+        if not text.is_file():
+            raise ConfigError(
+                f"bench.quality_text={b.quality_text!r} is not a file; name a UTF-8 text file, or null for the "
+                "held-out part of pydoc_data's topics"
+            )

@@ -27,7 +27,7 @@ from orchestrator.plan.placement import (
     memory_warning,
     placement_error,
 )
-from orchestrator.plan.variant import Variant
+from orchestrator.plan.variant import Variant, quality_spec
 from tasks.export import format_module
 from tasks.phases import label, naming_keys
 from tasks.runtimes import runtime_module
@@ -215,6 +215,7 @@ def export_spec(v: Variant, out_dir: str) -> ExportSpec:
         export_format=v.backend.export_format,
         out_dir=out_dir,
         options=dict(v.backend.export_options),
+        quality=quality_spec(v.bench),
     )
 
 

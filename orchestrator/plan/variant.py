@@ -15,7 +15,7 @@ from tasks.export import format_module
 from tasks.model.families import estimated_parameters
 from tasks.phases import label
 from tasks.runtimes import runtime_module
-from tasks.specs import DTYPE_BYTES, BenchOptions, ModelSpec, PhaseSpec
+from tasks.specs import DTYPE_BYTES, BenchOptions, ModelSpec, PhaseSpec, QualitySpec
 
 TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"  # orchestrator/plan/variant.py -> the repository's tasks/
 
@@ -47,6 +47,21 @@ def _checkpoint_identity(path: str | None) -> dict[str, Any] | None:
         "path": str(root),
         "files": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files if p.exists()],
     }
+
+
+def quality_spec(bench: BenchOptions) -> QualitySpec | None:
+    """What an export stores for the quality measurement; None with bench.quality=false."""
+    if not bench.quality:
+        return None
+    text = str(Path(bench.quality_text).expanduser().resolve()) if bench.quality_text is not None else None
+    return QualitySpec(tokens=bench.quality_tokens, text=text)
+
+
+def _quality_identity(bench: BenchOptions) -> dict[str, Any] | None:
+    if (q := quality_spec(bench)) is None:
+        return None
+    text = Path(q.text) if q.text else None
+    return {"tokens": q.tokens, "text": text and (str(text), text.stat().st_size, text.stat().st_mtime_ns)}
 
 
 @cache
@@ -114,11 +129,11 @@ class Memo:
         for part, prefix in zip(parts, PREFIXES, strict=True):
             params.update(self._flatten(part, prefix))
         v.__dict__["params"] = params
-        key = (id(v.model), id(v.phase), id(v.backend))
+        key = (id(v.model), id(v.phase), id(v.backend), id(v.bench))  # bench: its quality settings
         if key in self._export_keys:
             v.__dict__["export_key"] = self._export_keys[key][1]
         else:
-            self._export_keys[key] = (parts[:3], v.export_key)
+            self._export_keys[key] = ((*parts[:3], parts[4]), v.export_key)
         return v
 
     def identity(self, v: Variant) -> tuple[str, ...]:
@@ -215,6 +230,7 @@ class Variant:
                 "format": fmt,
                 # the format's options only: eager and compile (format none) share one entry
                 "options": self.backend.export_options,
+                "quality": _quality_identity(self.bench),  # its inputs and reference are in the entry
                 "versions": {lib: _version(lib) for lib in format_module(fmt).LIBRARIES},
                 "tasks": _tasks_source_hash(),
             }

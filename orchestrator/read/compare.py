@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.common.console import table
+from orchestrator.read.quality_compare import quality_cell, quality_changes, quality_summary
 from orchestrator.read.stats import BLOCKS, VERDICTS, Conditions, compare_sweeps, disturbances
 from orchestrator.read.store import UsageError, artifact_json, find_sweep, latest_sweeps, variant_runs
 from tasks.export import _anatomy as anatomy
@@ -71,7 +72,9 @@ def sweep_anatomies(client: Any, runs: Mapping[str, Any]) -> dict[str, dict]:
 
 
 def compare_rows(report: dict[str, Any]) -> list[dict[str, str]]:
-    """One row per compared variant, then one per variant only one sweep has."""
+    """One row per compared variant, then one per variant only one sweep has; a quality column
+    when some variant has quality figures in both sweeps."""
+    quality = report.get("quality") or {}
     rows = [
         {
             "variant": r["variant"],
@@ -82,6 +85,7 @@ def compare_rows(report: dict[str, Any]) -> list[dict[str, str]]:
             "p_holm": f"{r['p_holm']:.2g}",
             "verdict": r["verdict"] + (f" ({r['disturbed']})" if r.get("disturbed") else ""),
             **({"measured": r.get("measured", "the sweeps' samples")} if report.get("remeasured") is not None else {}),
+            **({"quality": quality_cell(quality.get(r["variant"]), r["verdict"])} if quality else {}),
         }
         for r in report["variants"]
     ]
@@ -90,6 +94,8 @@ def compare_rows(report: dict[str, Any]) -> list[dict[str, str]]:
             rows.append(
                 {"variant": name, "baseline_ms": "-", "candidate_ms": "-", "ratio": "-", "ratio_95ci": "-"}
                 | {"p_holm": "-", "verdict": f"only in {side}"}
+                | ({"measured": "-"} if report.get("remeasured") is not None else {})  # table(): rows of equal keys
+                | ({"quality": "-"} if quality else {})
             )
     return rows
 
@@ -134,6 +140,7 @@ def compare(
     if remeasured is not None:
         report["remeasured"] = {"variants": sorted(pairs), "not": missed}
     base_anatomy, cand_anatomy = sweep_anatomies(client, base_runs), sweep_anatomies(client, cand_runs)
+    report["quality"] = quality_changes(base_runs, cand_runs)
     report["anatomy_changes"] = {
         name: words
         for name in sorted(set(base_anatomy) & set(cand_anatomy))
@@ -150,6 +157,7 @@ def compare(
         table(compare_rows(report)),
         "",
         summary_line(report),
+        *quality_summary(report["quality"]),
         *anatomy_lines(report["anatomy_changes"]),
     ]
     if missed:

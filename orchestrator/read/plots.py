@@ -13,12 +13,14 @@ from typing import Any
 
 from orchestrator.common.outcome import Outcome
 from orchestrator.read.draw import CI_HIGH, CI_LOW, MEDIAN, P90, join_label, log_axis, pyplot, save, suffix
+from orchestrator.read.quality_plot import quality_plot
 from orchestrator.read.trend_plots import CONTEXT_LEN, context_plot, memory_plot, speedup_plot
 
 LATENCY = "latency.png"  # at the root of the sweep's run
 CONTEXT = "plots/context_length.png"
 SPEEDUP = "plots/speedup_vs_eager.png"
 MEMORY = "plots/latency_vs_memory.png"
+QUALITY = "plots/speed_vs_quality.png"
 PLOT_PARAMS = (CONTEXT_LEN,)
 
 
@@ -50,7 +52,8 @@ def make_plots(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
         return []
     out_dir = Path(out_dir)
     written = []
-    for rel, draw in ((LATENCY, latency_plot), (CONTEXT, context_plot), (SPEEDUP, speedup_plot), (MEMORY, memory_plot)):
+    drawn = ((LATENCY, latency_plot), (CONTEXT, context_plot), (SPEEDUP, speedup_plot), (MEMORY, memory_plot))
+    for rel, draw in (*drawn, (QUALITY, quality_plot)):
         path = out_dir / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         if draw(ok, path):

@@ -47,8 +47,16 @@ def parity_text(m: dict[str, float]) -> str:
     return f"{m['parity_max_abs_diff']:.1e} ({steps} step{'s' if steps > 1 else ''})"
 
 
+def quality_text(m: dict[str, float]) -> str:
+    """Against float32 eager on the same tokens: perplexity change (text only), KL, top-1."""
+    if "quality_kl" not in m:
+        return "-"
+    ppl = f"ppl {m['quality_ppl']:.2f} ({m['quality_ppl_increase']:+.2%}), " if "quality_ppl" in m else ""
+    return f"{ppl}kl {m['quality_kl']:.1e}, top1 {m['quality_top1']:.0%}"
+
+
 def summary_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
-    return [
+    rows = [
         {
             "variant": o.name,
             "inputs": shapes_text(o.shapes) or "-",
@@ -56,10 +64,15 @@ def summary_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
             "p90_ms": _fmt(o.metrics.get("latency_ms_p90"), ".3f"),
             "tokens_per_s": _fmt(o.metrics.get("tokens_per_s"), ",.0f"),
             "parity_max_diff": parity_text(o.metrics),
+            "quality": quality_text(o.metrics),
             "status": status_text(o),
         }
         for o in outcomes
     ]
+    if all(r["quality"] == "-" for r in rows):  # a column only when some variant measured it
+        for r in rows:
+            del r["quality"]
+    return rows
 
 
 def plan_text(plan: Any, existing: dict[str, list[str]] | None = None, resume: bool = True) -> str:

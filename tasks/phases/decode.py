@@ -113,20 +113,8 @@ def data_from_cache(
     reference model on the cache the step before left."""
     import torch
 
-    from tasks.model.kv_cache import make_kv_cache
-    from tasks.model.tensors import dtype_name, to_numpy
-
     with torch.inference_mode():
-        layout = make_kv_cache(kv_cache)
-        past: dict[str, np.ndarray] = {}
-        dtypes: dict[str, str] = {}
-        names = iter(kv_names(PAST, dims["layers"]))
-        slots = capacity(phase)  # a dynamic cache ignores it: it holds exactly the context
-        for layer in cache.layers if kv_cache not in IN_GRAPH_KV_CACHES else ():
-            for t in (layer.keys, layer.values):
-                name = next(names)
-                past[name] = to_numpy(layout.from_prefix(t.clone(), slots))
-                dtypes[name] = dtype_name(t)
+        past, dtypes = _laid_out(phase, kv_cache, dims, cache)
         feeds = {
             "input_ids": np.ascontiguousarray(steps[:, :1].numpy()),  # [B, 1]
             "cache_position": np.array([phase.context_len], dtype=np.int64),  # [1]
@@ -138,6 +126,76 @@ def data_from_cache(
             refs.append(out.logits[:, -1:].float())  # [B, 1, V]
     assert list(feeds) == io_names(phase, dims["layers"], kv_cache)[0]
     return PhaseData(feeds, {"step_tokens": steps.numpy(), "ref_logits": torch.stack(refs).numpy()}, dims, dtypes)
+
+
+def _laid_out(phase: PhaseSpec, kv_cache: str, dims: dict[str, int], cache: Any) -> tuple[dict, dict[str, str]]:
+    """A transformers cache as the graph's past inputs ({} for an in-graph cache), and their dtypes."""
+    from tasks.model.kv_cache import make_kv_cache
+    from tasks.model.tensors import dtype_name, to_numpy
+
+    layout = make_kv_cache(kv_cache)
+    past: dict[str, np.ndarray] = {}
+    dtypes: dict[str, str] = {}
+    names = iter(kv_names(PAST, dims["layers"]))
+    slots = capacity(phase)  # a dynamic cache ignores it: it holds exactly the context
+    for layer in cache.layers if kv_cache not in IN_GRAPH_KV_CACHES else ():
+        for t in (layer.keys, layer.values):
+            name = next(names)
+            past[name] = to_numpy(layout.from_prefix(t.clone(), slots))
+            dtypes[name] = dtype_name(t)
+    return past, dtypes
+
+
+QUALITY_PREFIX = 2  # tokens a quality window's cache holds before the artifact steps (a growing cache: no size-1 dim)
+
+
+def quality_inputs(
+    model: torch.nn.Module, ref: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dict[str, int], take: Any, tokens: int
+) -> tuple[dict[str, np.ndarray] | None, str]:
+    """Teacher-forced windows of the text, each as long as the cache holds: its first
+    QUALITY_PREFIX tokens are cached by `model` (as parity's context is), the artifact then
+    steps through the next S positions, each step predicting the token after it. Windows
+    [W, B, PREFIX + S + 1]; the reference's log-probabilities in the artifact's order
+    (window, step, row)."""
+    import torch
+    from transformers import DynamicCache
+
+    from tasks.phases._quality import reference_logprobs
+
+    b, pre = phase.batch, QUALITY_PREFIX
+    count = -(-tokens // (b * (capacity(phase) - pre)))  # windows of at most capacity - PREFIX steps
+    steps = -(-tokens // (b * count))
+    span = pre + steps + 1
+    ids = take(count * b * span)
+    count = min(count, len(ids) // (b * span))
+    if count < 1:
+        return None, f"the quality text has {len(ids)} tokens; decode needs {b * span} for one window"
+    windows = ids[: count * b * span].reshape(count, b, span)
+    arrays: dict[str, np.ndarray] = {"q_tokens": windows.numpy()}
+    with torch.inference_mode():
+        for w, win in enumerate(windows):
+            cache = model(input_ids=win[:, :pre], use_cache=True, cache=DynamicCache()).cache
+            arrays.update({f"q{w}.{n}": a for n, a in _laid_out(phase, kv_cache, dims, cache)[0].items()})
+    logprobs = reference_logprobs(ref, windows.reshape(count * b, span), steps + 1)[:, :steps]  # positions PREFIX..
+    logprobs = logprobs.reshape(count, b, steps, -1).transpose(0, 2, 1, 3)
+    arrays["q_ref_logprobs"] = np.ascontiguousarray(logprobs.reshape(count * steps * b, -1))
+    arrays["q_targets"] = windows[:, :, pre + 1 :].numpy().transpose(0, 2, 1).reshape(-1)
+    return arrays, ""
+
+
+def quality_logits(session: Any, phase: PhaseSpec, feeds: dict, q: dict[str, np.ndarray]) -> np.ndarray:
+    """The artifact's logits [N, V] over the stored windows, stepped as parity steps (run_steps)."""
+    pre = QUALITY_PREFIX
+    past = [n for n in feeds if n.startswith(PAST)]
+    out = []
+    for w, win in enumerate(q["q_tokens"]):  # [B, PREFIX + S + 1]
+        window = {"input_ids": win[:, pre : pre + 1], "cache_position": np.array([pre], dtype=np.int64)}
+        window.update({n: q[f"q{w}.{n}"] for n in past})
+        if CONTEXT in feeds:  # an in-graph cache: the program caches the prefix itself
+            window[CONTEXT] = np.ascontiguousarray(win[:, :pre])
+        logits = session.run_steps(window, win[:, pre:-1], pre)  # S steps of [B, 1, V]
+        out.append(np.stack(logits)[:, :, 0])  # [S, B, V]
+    return np.concatenate([o.reshape(-1, o.shape[-1]) for o in out])
 
 
 def build_graph(model: torch.nn.Module, phase: PhaseSpec, family: str, kv_cache: str, attention: str) -> torch.nn.Module:

@@ -100,5 +100,33 @@ def check_parity(session: Any, phase: PhaseSpec, feeds: dict, parity: dict, atol
     return report
 
 
+def quality_inputs(
+    model: torch.nn.Module, ref: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dict[str, int], take: Any, tokens: int
+) -> tuple[dict[str, np.ndarray] | None, str]:
+    """Windows of prompt_len tokens sliding by one, B to a call: each call's last position
+    predicts the token after its window. Windows [calls, B, P + 1] (the last column: the target)."""
+    b, p = phase.batch, phase.prompt_len
+    calls = -(-tokens // b)
+    ids = take(calls * b + p)
+    calls = min(calls, (len(ids) - p) // b)
+    if calls < 1:
+        return None, f"the quality text has {len(ids)} tokens; prefill needs {p + b} for one call"
+    from tasks.phases._quality import reference_logprobs
+
+    starts = np.arange(calls * b)[:, None] + np.arange(p + 1)
+    windows = ids[starts].reshape(calls, b, p + 1)
+    logprobs = reference_logprobs(ref, windows.reshape(calls * b, p + 1)[:, :p], 1)[:, 0]
+    return {"q_tokens": windows.numpy(), "q_ref_logprobs": logprobs, "q_targets": windows[..., p].reshape(-1).numpy()}, ""
+
+
+def quality_logits(session: Any, phase: PhaseSpec, feeds: dict, q: dict[str, np.ndarray]) -> np.ndarray:
+    """The artifact's last-position logits [N, V], one call per window of B rows."""
+    out = []
+    for call in q["q_tokens"]:  # [B, P + 1]
+        logits, *_ = session.run({**feeds, "input_ids": np.ascontiguousarray(call[:, :-1])})
+        out.append(logits[:, -1])
+    return np.concatenate(out)
+
+
 def extra_metrics(**_: Any) -> dict[str, float]:
     return {}

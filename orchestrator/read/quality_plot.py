@@ -1,0 +1,92 @@
+"""Speed against quality: one panel per model and phase, each variant a point, the Pareto front
+marked (tasks/measure/quality.py measures the quality)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from orchestrator.read.draw import MEDIAN, join_label, log_axis, pad_log_limits, pyplot, save, suffix
+
+PPL_INCREASE, KL = "quality_ppl_increase", "quality_kl"
+KL_FLOOR = 1e-9  # a KL below this is drawn at it (float32 variants agree to rounding)
+PPL_TIE = 0.1  # % of perplexity: closer to the reference than this is rounding (float32, mostly float16)
+
+
+def pareto(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both axes (lower is better on each), by x."""
+    order = sorted(range(len(points)), key=lambda i: points[i])
+    front, best = [], math.inf
+    for i in order:
+        if points[i][1] < best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def quality_plot(rows: list[dict[str, Any]], path: Path) -> bool:
+    """Latency (x, log) against the perplexity increase over float32 eager (y; KL where a panel
+    has no perplexity: random weights), one panel per model x phase; the Pareto front (faster
+    and no worse) joined and ringed; each point labelled by backend and what else its name says."""
+    panels: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r["metrics"].get(KL) is not None:
+            panels[(r["model"], r["phase"])].append(r)
+    if not panels:
+        return False
+    plt = pyplot()
+    from matplotlib.ticker import FuncFormatter, SymmetricalLogLocator
+
+    keys = sorted(panels)
+    ncols = 1 if len(keys) == 1 else 2
+    nrows = math.ceil(len(keys) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7.2 * ncols, 4.6 * nrows + 0.5), squeeze=False)
+    for ax in axes.flat[len(keys) :]:
+        ax.set_visible(False)
+    for ax, key in zip(axes.flat, keys, strict=False):
+        group = panels[key]
+        use_ppl = all(r["metrics"].get(PPL_INCREASE) is not None for r in group)
+        xs = [r["metrics"][MEDIAN] for r in group]
+        if use_ppl:
+            ys = [100 * r["metrics"][PPL_INCREASE] for r in group]
+        else:
+            ys = [max(r["metrics"][KL], KL_FLOOR) for r in group]
+        # changes within rounding tie on the front: a perplexity within +-PPL_TIE %, a KL at the floor
+        ranked = [0.0 if use_ppl and abs(y) < PPL_TIE else y for y in ys]
+        front = pareto(list(zip(xs, ranked, strict=True)))
+        ax.plot([xs[i] for i in front], [ys[i] for i in front], "-", color="0.6", lw=1, zorder=1, drawstyle="steps-post")
+        for rank, i in enumerate(sorted(range(len(group)), key=lambda i: xs[i])):
+            on = i in front
+            ax.plot(xs[i], ys[i], "o", color="C0" if on else "C1", ms=7, zorder=3, mec="black" if on else "none")
+            ax.annotate(  # neighbours in x alternate above and below: close points keep readable labels
+                join_label(group[i]["backend"], suffix(group[i])),
+                (xs[i], ys[i]),
+                xytext=(6, 5 if rank % 2 == 0 else -12),
+                textcoords="offset points",
+                fontsize=8,
+            )
+        log_axis(ax.xaxis, xs)
+        pad_log_limits(ax.set_xlim, xs, 1.5)
+        if use_ppl:
+            ax.set_yscale("symlog", linthresh=PPL_TIE)  # linear within +-PPL_TIE %, where rounding lives
+            ax.set_ylim(min(min(ys), -PPL_TIE) * 2, max(max(ys), PPL_TIE) * 4)
+            ax.yaxis.set_major_locator(SymmetricalLogLocator(base=10, linthresh=PPL_TIE))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+            ax.axhline(0, color="0.8", lw=0.8, zorder=0)
+            ax.set_ylabel("perplexity increase over float32 eager, %", fontsize=9)
+        else:
+            ax.set_yscale("log")
+            ax.set_ylabel(f"KL(float32 eager || variant), nats (floor {KL_FLOOR:g})", fontsize=9)
+            lo, hi = ax.get_ylim()
+            ax.set_ylim(lo, hi * 3)  # room for the labels above the highest point
+        ax.set_xlabel("median latency per call, ms (log; a decode call is one token per row)", fontsize=9)
+        ax.grid(alpha=0.3, which="major")
+        ax.set_title(f"{key[0]} · {key[1]}", fontsize=11, loc="left")
+    fig.suptitle(
+        "Speed against quality — blue, ringed and joined: the Pareto front (nothing both faster and better); orange: another is faster and no worse",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    return save(fig, path)
