@@ -19,7 +19,6 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 DTYPES = tuple(DTYPE_BYTES)
 KV_CACHES = ("static", "dynamic", "update_cache")
 ATTENTIONS = ("sdpa", "math", "custom_sdpa")
-QUANTS = ("none", "int8", "int4", "8da4w")
 # ExecuTorch's LLM custom ops (executorch.extension.llm.custom_ops) come as a pair: the cache
 # kept inside the graph [B, S_max, H_kv, D], written in place by llama::update_cache, is the
 # layout llama::custom_sdpa reads (with the start position for its causal mask)
