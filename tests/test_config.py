@@ -150,7 +150,7 @@ def test_help_lists_every_group():
         (["backend=compile", "backend.options.dynamic=maybe"], "backend.options.dynamic='maybe': "),
         (
             ["backend=executorch", "backend.export_options.delegate=vulkan"],
-            "backend.export_options.delegate='vulkan' is not allowed; choose one of: xnnpack, none",
+            "backend.export_options.delegate='vulkan' is not allowed; choose one of: xnnpack, xnnpack_linear, none",
         ),
         (["backend.export_options.opset=7"], "backend.export_options.opset=7 must be >= 18"),
         (["backend.export_options.opset=latest"], "backend.export_options.opset='latest': "),

@@ -64,6 +64,24 @@ def test_executorch_decodes_through_its_own_cache(exports, model):
     assert result.metrics["decode_cache_bytes_per_step"] == cache_bytes
 
 
+@pytest.mark.slow  # an XNNPACK lowering
+def test_linear_only_delegation_decodes_with_parity(tmp_path):
+    """delegate=xnnpack_linear (export_llama -X's partitioning): only linear layers in XNNPACK,
+    the rest on portable kernels; 8 steps through the program's own cache."""
+    spec = ExportSpec(
+        "k", model_spec("llama", **PAIR), DECODE, "executorch", str(tmp_path / "e"), {"delegate": "xnnpack_linear"}
+    )
+    export = export_job(spec)
+    assert export.ok, export.failure and export.failure.traceback
+    assert export.details["delegate"] == "xnnpack_linear"
+    parts = export.anatomy["partitions"]
+    assert parts and all(set(p["ops"]) == {"aten.linear"} for p in parts), parts
+    assert "aten.mul" in export.anatomy["outside_delegates"]  # elementwise ops run portable
+    result = bench(export, "llama", DECODE, "executorch")
+    assert result.parity["steps"] == 8 and result.parity["passed"], result.parity
+    assert result.parity["max_abs_diff"] < 1e-4 and result.parity["top1_agreement"] == 1.0
+
+
 @pytest.mark.slow
 def test_a_repeated_decode_step_is_idempotent(exports):
     """The timed call, repeated at one position, returns the first step's reference each time."""

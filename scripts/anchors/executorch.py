@@ -3,9 +3,14 @@
 build() returns two contenders of the same architecture:
 
 - "phasesweep": the transformers checkpoint exported through tasks/ with the cache in the graph
-  (model.kv_cache=update_cache, model.attention=custom_sdpa), XNNPACK-delegated;
+  (model.kv_cache=update_cache, model.attention=custom_sdpa), every op XNNPACK takes delegated;
+- "phasesweep_linear": the same with backend.export_options.delegate=xnnpack_linear (only the
+  linear layers in XNNPACK, as export_llama -X delegates);
 - "export_llama": `python -m executorch.examples.models.llama.export_llama -p params.json -kv
   --use_sdpa_with_kv_cache -X` (random weights), written into `work`.
+
+Both are exported in child processes: what an export leaves in a process (its freed heap, its
+threads, its objects) must not fall on one contender only.
 
 Each is one program whose forward takes tokens [1, S] (S dynamic) and a position, and keeps its
 KV cache as mutable buffers: prefill is one call of S tokens at position 0, decode one call of
@@ -27,6 +32,8 @@ import numpy as np
 
 MAX_SEQ_LEN = 1024  # cache slots of both programs; prefill up to MAX_SEQ_LEN - 1 tokens
 LLAMA_EXPORT = "executorch.examples.models.llama.export_llama"
+PHASESWEEP = {"phasesweep": "xnnpack", "phasesweep_linear": "xnnpack_linear"}  # contender: its delegate
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the child export imports tasks/ from it
 
 
 class Contender:
@@ -76,8 +83,22 @@ def _threads(threads: int) -> None:
         raise RuntimeError(f"XNNPACK's thread pool has {got} threads, {threads} asked")
 
 
-def export_phasesweep(checkpoint: Path, work: Path, max_len: int = MAX_SEQ_LEN) -> tuple[Path, int]:
-    """The checkpoint through tasks/ (export_job: build, reference data, export): the .pte, the vocab."""
+def export_phasesweep(
+    checkpoint: Path, work: Path, max_len: int = MAX_SEQ_LEN, delegate: str = "xnnpack"
+) -> tuple[Path, int]:
+    """The checkpoint through tasks/ in a child process, as export_llama's own export runs: the
+    measuring process then holds the two programs and nothing an export leaves behind."""
+    code = "import json, sys; from scripts.anchors.executorch import export_here; print(json.dumps(export_here(*sys.argv[1:])))"
+    args = [str(checkpoint), str(work), str(max_len), delegate]
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"phasesweep export failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    path, vocab = json.loads(done.stdout.strip().splitlines()[-1])
+    return Path(path), vocab
+
+
+def export_here(checkpoint: str, work: str, max_len: str, delegate: str) -> tuple[str, int]:
+    """export_job (build, reference data, export) in this process: the .pte's path, the vocab."""
     from tasks.jobs import export_job
     from tasks.model.families import family_of
     from tasks.specs import ExportSpec, ModelSpec, PhaseSpec
@@ -88,12 +109,12 @@ def export_phasesweep(checkpoint: Path, work: Path, max_len: int = MAX_SEQ_LEN) 
         name=family, family=family, size="checkpoint", arch={}, checkpoint=str(checkpoint),
         dtype="float32", kv_cache="update_cache", attention="custom_sdpa",
     )  # fmt: skip
-    phase = PhaseSpec("decode", batch=1, context_len=8, cache_len=max_len, parity_steps=8)
-    out = Path(work) / f"phasesweep-{max_len}"
-    result = export_job(ExportSpec("anchor", model, phase, "executorch", str(out), {}))
+    phase = PhaseSpec("decode", batch=1, context_len=8, cache_len=int(max_len), parity_steps=8)
+    out = Path(work) / f"phasesweep-{delegate}-{max_len}"
+    result = export_job(ExportSpec("anchor", model, phase, "executorch", str(out), {"delegate": delegate}))
     if not result.ok:
         raise RuntimeError(f"phasesweep export failed: {result.failure.error}\n{result.failure.traceback}")
-    return out / result.artifact, config["vocab_size"]
+    return str(out / result.artifact), config["vocab_size"]
 
 
 def export_llama(params_json: Path, work: Path, max_len: int = MAX_SEQ_LEN) -> Path:
@@ -124,12 +145,14 @@ def build(checkpoint: Path, params_json: Path, work: Path, threads: int, max_len
 
     load_llama_ops()  # both programs use llama::update_cache and llama::custom_sdpa
     work = Path(work)
-    ours, vocab = export_phasesweep(checkpoint, work, max_len)
+    ours = {name: export_phasesweep(checkpoint, work, max_len, delegate) for name, delegate in PHASESWEEP.items()}
     theirs = export_llama(params_json, work, max_len)
+    vocab = next(iter(ours.values()))[1]
     their_vocab = json.loads(Path(params_json).read_text()).get("vocab_size", vocab)
     _threads(threads)
+    positions = lambda start, n: torch.arange(start, start + n)  # noqa: E731
     return {
-        "phasesweep": Contender("phasesweep", ours, vocab, lambda start, n: torch.arange(start, start + n), max_len),
+        **{name: Contender(name, path, vocab, positions, max_len) for name, (path, vocab) in ours.items()},
         "export_llama": Contender("export_llama", theirs, their_vocab, lambda start, n: torch.tensor([start]), max_len),
     }
 

@@ -29,7 +29,9 @@ PRELOAD = (
 )
 MEMORY_FACTOR = 4.0  # an export's peak memory, as a multiple of the weights
 RESOURCES = {"num_cpus": 1}
-DELEGATES = ("xnnpack", "none")
+# xnnpack: every op XNNPACK takes; xnnpack_linear: its linear layers only, the rest on portable
+# kernels in the calling thread (export_llama -X's XnnpackDynamicallyQuantizedPartitioner)
+DELEGATES = ("xnnpack", "xnnpack_linear", "none")
 # graph passes run on the edge program before partitioning, in the order given
 # (executorch.backends.transforms), e.g. backend.export_options.passes=[remove_permutes_around_elementwise]
 PASSES = {
@@ -51,7 +53,7 @@ METHOD = "phasesweep_description"  # the .pte's constant method holding the desc
 
 @dataclass(frozen=True)
 class Options:
-    delegate: str = "xnnpack"  # xnnpack | none (portable kernels only)
+    delegate: str = "xnnpack"  # one of DELEGATES; none: portable kernels only
     passes: list[str] = field(default_factory=list)  # names of PASSES, run in this order
 
     def __post_init__(self) -> None:
@@ -77,7 +79,10 @@ def export(
     description: dict[str, Any],
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
     import torch
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+        XnnpackDynamicallyQuantizedPartitioner,
+        XnnpackPartitioner,
+    )
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
@@ -98,7 +103,11 @@ def export(
         edge = to_edge_transform_and_lower(
             program,
             transform_passes=[_pass(name) for name in opts.passes],
-            partitioner=[XnnpackPartitioner()] if opts.delegate == "xnnpack" else [],
+            partitioner={
+                "xnnpack": [XnnpackPartitioner()],
+                "xnnpack_linear": [XnnpackDynamicallyQuantizedPartitioner()],
+                "none": [],
+            }[opts.delegate],
             constant_methods=constant_methods(description),
         )
         info = get_delegation_info(edge.exported_program().graph_module)
