@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
 import orchestrator.plan.config
