@@ -45,6 +45,11 @@ MOVEMENT = {
     ),
     "casts": frozenset({"aten._to_copy", "dim_order_ops._to_dim_order_copy"}),
 }
+QUANTS = {"cpu": ("none", "8da4w")}
+QUANT_NOTE = (
+    "the installed ExecuTorch's XNNPACK delegate lowers only dynamically quantised linears (8da4w); a weight-only "
+    "int8/int4 linear is delegated as a float linear over its raw integer weights (wrong logits, full-size .pte)"
+)
 METHOD = "phasesweep_description"  # the .pte's constant method holding the description as JSON
 
 
@@ -57,6 +62,29 @@ class Options:
         choice("backend.export_options.delegate", self.delegate, DELEGATES)
         for name in self.passes:
             choice("backend.export_options.passes[]", name, tuple(PASSES))
+
+
+def unsupported(options: dict[str, Any], model: Any, phase: Any, device: str) -> str | None:
+    """A quantised model needs the XNNPACK delegate: the portable kernels have no torchao quantised ops."""
+    if model.quant != "none" and options.get("delegate", "xnnpack") != "xnnpack":
+        return f"model.quant={model.quant} needs backend.export_options.delegate=xnnpack (portable kernels run no torchao quant ops)"
+    return None
+
+
+def partitioners(delegate: str, quant: str, dtype: str) -> list[Any]:
+    """XNNPACK's partitioners: for a quantised model, the dynamically quantised linears first, then
+    everything else, as ExecuTorch's export_llama (`-qmode 8da4w -X`); bfloat16 quantised linears
+    need the first told so (`--xnnpack-enable-bf16`)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+        XnnpackDynamicallyQuantizedPartitioner,
+        XnnpackPartitioner,
+    )
+
+    if delegate != "xnnpack":
+        return []
+    if quant == "none":
+        return [XnnpackPartitioner()]
+    return [XnnpackDynamicallyQuantizedPartitioner(enable_bf16=dtype == "bfloat16"), XnnpackPartitioner()]
 
 
 def _pass(name: str):
@@ -76,7 +104,6 @@ def export(
     description: dict[str, Any],
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
     import torch
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
@@ -84,8 +111,11 @@ def export(
 
     from tasks.export._gelu_tanh import write_out_tanh_gelu
     from tasks.export._shapes import dynamic_shapes, example_args
+    from tasks.model.quant import quantize
 
     opts = Options(**options)
+    model = description["model"]
+    quantized = quantize(graph, model["quant"], model["quant_group"])  # after the float reference was made
     in_graph = getattr(graph, "kv_cache", None) in IN_GRAPH_KV_CACHES
     args = example_args(graph, args)
     with torch.no_grad():
@@ -97,7 +127,7 @@ def export(
         edge = to_edge_transform_and_lower(
             program,
             transform_passes=[_pass(name) for name in opts.passes],
-            partitioner=[XnnpackPartitioner()] if opts.delegate == "xnnpack" else [],
+            partitioner=partitioners(opts.delegate, model["quant"], model["dtype"]),
             constant_methods=constant_methods(description),
         )
         info = get_delegation_info(edge.exported_program().graph_module)
@@ -123,6 +153,7 @@ def export(
         "non_delegated_ops": info.num_non_delegated_nodes,
         "delegated_fraction": info.num_delegated_nodes / total if total else 0.0,
         "delegated_subgraphs": info.num_delegated_subgraphs,
+        **quantized,
     }, inside
 
 
