@@ -225,6 +225,8 @@ def bench_job(spec: BenchSpec) -> BenchResult:
             parity_max_rel_error=par["max_rel_error"],
             parity_steps=par["steps"],
         )
+        if "rel_error_bound" in par:  # quantised: judged by its relative error (tasks.measure.parity.quantized)
+            result.metrics["parity_rel_error_bound"] = par["rel_error_bound"]
         if "cache_max_abs_diff" in par:
             result.metrics["parity_cache_max_abs_diff"] = par["cache_max_abs_diff"]
         if (recompiles := getattr(session, "recompiles", lambda: None)()) is not None:  # torch.compile

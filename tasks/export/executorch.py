@@ -143,7 +143,7 @@ def export(
     path.write_bytes(et.buffer)
     inside["artifact_bytes"] = path.stat().st_size
     total = info.num_delegated_nodes + info.num_non_delegated_nodes
-    custom = {op: n for op, n in inside["ops"].items() if op.split(".")[0] not in CORE_NAMESPACES}
+    custom = {op: n for op, n in inside["outside_delegates"].items() if op.split(".")[0] not in CORE_NAMESPACES}
     return path.name, {
         "custom_ops": ", ".join(f"{op} x{n}" for op, n in custom.items()) or "none",  # kernels outside XNNPACK
         "mutable_buffers": _mutated_buffers(edge),
