@@ -190,7 +190,7 @@ def bench_job(spec: BenchSpec) -> BenchResult:
     from tasks.measure.bench import bench_metrics, measure, wall_clock
     from tasks.measure.environment import fingerprint, peak_bandwidth_gbs
     from tasks.measure.machine import benchmark_cores, core_list, peak_rss_mb, reset_peak_rss, watch
-    from tasks.measure.parity import tolerance
+    from tasks.measure.parity import quantized, tolerance
     from tasks.phases import phase_module
     from tasks.runtimes import runtime_module
     from tasks.worker.forks import FORKED, imported_since_fork
@@ -222,23 +222,31 @@ def bench_job(spec: BenchSpec) -> BenchResult:
         stage = "parity"
         atol = tolerance(spec.model.dtype, spec.bench.parity_atol)
         par = phase.check_parity(session, spec.phase, feeds, parity_data, atol)
+        if spec.model.quant != "none":  # against the float reference: a bound on the relative error
+            par = quantized(par, spec.model.quant)
         result.parity = par
         result.metrics.update(
             parity_max_abs_diff=par["max_abs_diff"],
             parity_top1_agreement=par["top1_agreement"],
+            parity_max_rel_error=par["max_rel_error"],
             parity_steps=par["steps"],
         )
+        if "rel_error_bound" in par:  # quantised: judged by its relative error (tasks.measure.parity.quantized)
+            result.metrics["parity_rel_error_bound"] = par["rel_error_bound"]
         if "cache_max_abs_diff" in par:
             result.metrics["parity_cache_max_abs_diff"] = par["cache_max_abs_diff"]
         if (recompiles := getattr(session, "recompiles", lambda: None)()) is not None:  # torch.compile
             result.metrics["compile_recompiles"] = float(recompiles)
         if not par["passed"]:
             worst = int(np.argmax(par["per_step_max_abs_diff"]))
-            result.failure = Failure(
-                "parity",
-                f"logits differ from eager by {par['max_abs_diff']:.3g} (atol {par['atol']:g}), top-1 within "
-                f"tolerance {par['top1_within_tolerance']:.0%} (worst at step {worst + 1} of {par['steps']})",
+            why = (
+                f"relative error {max(par['max_rel_error'], par.get('cache_max_rel_error', 0)):.3g} against the float "
+                f"reference exceeds {par['rel_error_bound']:g} for model.quant={spec.model.quant}"
+                if "rel_error_bound" in par
+                else f"logits differ from eager by {par['max_abs_diff']:.3g} (atol {par['atol']:g}), top-1 within "
+                f"tolerance {par['top1_within_tolerance']:.0%}"
             )
+            result.failure = Failure("parity", f"{why} (worst at step {worst + 1} of {par['steps']})")
             return result
 
         stage = "benchmark"

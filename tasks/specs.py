@@ -28,9 +28,11 @@ IN_GRAPH_KV_CACHES = ("update_cache",)  # the graph holds its cache: no past/pre
 # 0..C-1, one call through the program) before the graph's own inputs are run
 CONTEXT = "context_ids"
 DEVICES = ("cpu", "cuda")
-# model.quant: none | int8 (weight-only, per channel) | int4 (weight-only, group-wise) |
-# 8da4w (dynamic int8 activations, int4 group-wise weights); model.quant_group: the int4 group
+# weight quantisation of the linear layers (tasks/model/quant.py): none | int8 (weight-only,
+# per channel) | int4 (weight-only, group-wise) | 8da4w (dynamic int8 activations, int4 group-wise weights)
 QUANTS = ("none", "int8", "int4", "8da4w")
+GROUPED_QUANTS = ("int4", "8da4w")  # model.quant_group applies to these
+QUANT_GROUP_STEP = 32  # XNNPACK's blockwise kernels take groups of a multiple of 32; torchao's int4: 32 to 256
 
 # Graph input/output names of the KV cache, one pair per layer: `past_key_values.{i}.key`
 # in, `present.{i}.key` out. Every module that builds or reads them uses these.
@@ -56,6 +58,16 @@ def check_model_choices(kv_cache: str, attention: str) -> None:
             f"{key}={chosen[key]!r} needs {other}={LLAMA_OPS[other]!r} (got {other}={chosen[other]!r}): "
             "ExecuTorch's llama::update_cache keeps the cache in the graph as [B, S_max, H_kv, D], the layout "
             "llama::custom_sdpa reads; choose both, or neither (static/dynamic with sdpa/math)"
+        )
+
+
+def check_quant(quant: str, group: int) -> None:
+    """model.quant one of QUANTS; model.quant_group a positive multiple of QUANT_GROUP_STEP."""
+    choice("model.quant", quant, QUANTS)
+    if not isinstance(group, int) or isinstance(group, bool) or group < QUANT_GROUP_STEP or group % QUANT_GROUP_STEP:
+        raise ConfigError(
+            f"model.quant_group={group!r} is not allowed; choose a positive multiple of {QUANT_GROUP_STEP} (32, 64, 128, "
+            "256, ...): XNNPACK's blockwise int4 kernels need one"
         )
 
 

@@ -26,12 +26,14 @@ from tasks.specs import (
     ATTENTIONS,
     DEVICES,
     DTYPES,
+    GROUPED_QUANTS,
     KV_CACHES,
     BenchOptions,
     ConfigError,
     PhaseSpec,
     at_least,
     check_model_choices,
+    check_quant,
     choice,
     resolve_attention,
 )
@@ -50,6 +52,8 @@ class ModelCfg:
     seed: int = 0
     kv_cache: str = "static"
     attention: str = "sdpa"
+    quant: str = "none"
+    quant_group: int = 32
 
     def check(self) -> None:
         safe_name("model.name", self.name)
@@ -58,6 +62,7 @@ class ModelCfg:
         choice("model.dtype", self.dtype, DTYPES)
         choice("model.kv_cache", self.kv_cache, KV_CACHES)
         choice("model.attention", self.attention, ("auto", *ATTENTIONS))  # auto: resolved with the architecture
+        check_quant(self.quant, self.quant_group)
         if self.attention != "auto":
             check_model_choices(self.kv_cache, self.attention)
 
@@ -327,6 +332,11 @@ def _architecture(model: ModelCfg, chosen: str | None, named: bool) -> _Model:
     if model.attention == "auto":  # soft-capped scores need math; else the kv_cache's own attention
         capped = graph_scalings(model.family, arch)["attention_softcap"] is not None
         model.attention = "math" if capped and model.kv_cache != "update_cache" else resolve_attention(model.kv_cache, "auto")
+    if model.quant in GROUPED_QUANTS and arch.get("hidden_size", 0) % model.quant_group:  # every linear but down_proj reads it
+        raise ConfigError(
+            f"model.quant_group={model.quant_group} does not divide the model's hidden size {arch['hidden_size']} "
+            f"(model.quant={model.quant}): choose a group that does"
+        )
     try:  # what the config asks of the attention scores (soft-capping needs model.attention=math)
         check_attention(model.family, arch, model.attention, model.kv_cache)
     except ValueError as e:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from orchestrator.plan.config import BackendCfg, DeviceCfg
-from tasks.specs import ATTENTIONS, DEVICES, DTYPES, KV_CACHES, BenchOptions, ConfigError, ModelSpec, PhaseSpec
+from tasks.specs import ATTENTIONS, DEVICES, DTYPES, KV_CACHES, QUANTS, BenchOptions, ConfigError, ModelSpec, PhaseSpec
 
 # a group key stands for its option's name
 GROUP_KEYS = {"model": "model.name", "phase": "phase.name", "backend": "backend.name", "device": "device.name"}
@@ -32,6 +32,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": DTYPES,
     "model.kv_cache": KV_CACHES,
     "model.attention": ATTENTIONS,
+    "model.quant": QUANTS,
     "device.name": DEVICES,
 }
 

@@ -229,7 +229,14 @@ def unsupported(point: SweepPoint) -> str | None:
     if device not in b.devices:
         return f"backend {b.name} does not run on device={device} (backend.devices: {', '.join(b.devices)})"
     runtime = runtime_module(b.runtime)
-    chosen = {"model.kv_cache": point.model.kv_cache, "model.attention": point.model.attention}
+    m = point.model
+    chosen = {"model.kv_cache": m.kv_cache, "model.attention": m.attention, "model.quant": m.quant}
+    for module in (format_module(b.export_format), runtime):  # QUANTS: what it runs, by device; absent: none
+        runs = getattr(module, "QUANTS", {}).get(device, ("none",))
+        if m.quant not in runs:
+            note = getattr(module, "QUANT_NOTE", "")  # why not, maybe by device
+            note = (note.get(device, "") if isinstance(note, dict) else note) or f"{module.__name__} runs no quantised model (no QUANTS)"
+            return f"backend {b.name} cannot run model.quant={m.quant} on device={device} (runs: {', '.join(runs)}): {note}"
     for module in (format_module(b.export_format), runtime):  # REFUSES: {key: {value: why | {device: why}}}
         for key, refused in getattr(module, "REFUSES", {}).items():
             why = refused.get(chosen.get(key))

@@ -15,7 +15,7 @@ from tasks.export import format_module
 from tasks.model.families import estimated_parameters
 from tasks.phases import label
 from tasks.runtimes import runtime_module
-from tasks.specs import DTYPE_BYTES, BenchOptions, ModelSpec, PhaseSpec, QualitySpec
+from tasks.specs import DTYPE_BYTES, GROUPED_QUANTS, BenchOptions, ModelSpec, PhaseSpec, QualitySpec
 
 TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"  # orchestrator/plan/variant.py -> the repository's tasks/
 
@@ -62,6 +62,15 @@ def _quality_identity(bench: BenchOptions) -> dict[str, Any] | None:
         return None
     text = Path(q.text) if q.text else None
     return {"tokens": q.tokens, "text": text and (str(text), text.stat().st_size, text.stat().st_mtime_ns)}
+
+
+def quant_tag(model: ModelSpec) -> str:
+    """What a quantised variant's name ends with, swept or not: `_int4`, `_8da4w` or `_8da4wg64` when the
+    group is not the default; "" for model.quant=none."""
+    if model.quant == "none":
+        return ""
+    group = f"g{model.quant_group}" if model.quant_group != ModelSpec.quant_group else ""
+    return f"_{model.quant}{group}"
 
 
 @cache
@@ -177,6 +186,9 @@ class Variant:
             seed=m.seed,
             kv_cache=m.kv_cache,
             attention=m.attention,
+            quant=m.quant,
+            # a group size only int4/8da4w use: the others keep the default, so it never tells two of them apart
+            quant_group=m.quant_group if m.quant in GROUPED_QUANTS else ModelSpec.quant_group,
         )
         weight_bytes = (point.parameters or estimated_parameters(m.family, point.arch)) * DTYPE_BYTES[m.dtype]
         if memo is not None:
@@ -189,7 +201,7 @@ class Variant:
         if (tag := _name_tag(self.backend.export_format)) and (text := tag(self.backend.export_options)):
             if not backend.endswith(f"_{text}"):  # backend=onnxruntime_genai says it already
                 backend += f"_{text}"  # e.g. onnxruntime_genai: an export option that makes another artifact
-        return f"{self.model.name}_{label(self.phase)}_{backend}_{self.device.name}"
+        return f"{self.model.name}_{label(self.phase)}_{backend}_{self.device.name}{quant_tag(self.model)}"
 
     @cached_property
     def params(self) -> dict[str, Any]:
@@ -205,7 +217,10 @@ class Variant:
             **flatten(_fields(self.bench), "bench."),
         }
 
-    BASE_NAME_KEYS = frozenset({"model.name", "phase.name", "backend.name", "device.name"})
+    # the base name's four and the quantisation it ends with (quant_tag)
+    BASE_NAME_KEYS = frozenset(
+        {"model.name", "phase.name", "backend.name", "device.name", "model.quant", "model.quant_group"}
+    )
 
     @staticmethod
     def naming_axis(key: str) -> bool:

@@ -44,7 +44,14 @@ def parity_text(m: dict[str, float]) -> str:
     if "parity_max_abs_diff" not in m:
         return "-"
     steps = int(m.get("parity_steps", 1))
-    return f"{m['parity_max_abs_diff']:.1e} ({steps} step{'s' if steps > 1 else ''})"
+    return f"{parity_value(m)} ({steps} step{'s' if steps > 1 else ''})"
+
+
+def parity_value(m: dict[str, float]) -> str:
+    """The max abs diff; a quantised variant's relative error against the float reference (what it is judged by)."""
+    if "parity_rel_error_bound" in m:
+        return f"rel {m['parity_max_rel_error']:.2f}"
+    return f"{m['parity_max_abs_diff']:.1e}"
 
 
 def quality_text(m: dict[str, float]) -> str:

@@ -26,7 +26,7 @@ from orchestrator.plan.config import validate_all
 from orchestrator.plan.grid import grid_rules
 from orchestrator.plan.planner import Plan, make_plan
 from orchestrator.plan.variant import Variant
-from orchestrator.read.summary import summary_rows
+from orchestrator.read.summary import parity_value, summary_rows
 from orchestrator.record.links import ui_command, ui_lines
 from orchestrator.record.tracking import Tracker
 from orchestrator.run import recording
@@ -336,7 +336,7 @@ class SweepRun:
             name,
             Status.OK,
             f"  measured  {name:<44} {o.metrics['latency_ms_median']:8.3f} ms median, parity "
-            f"{o.metrics['parity_max_abs_diff']:.1e}{'  UNSTABLE' if o.unstable else ''}",
+            f"{parity_value(o.metrics)}{'  UNSTABLE' if o.unstable else ''}",
         )
 
     def fail(self, o: Outcome, failure: Failure) -> None:

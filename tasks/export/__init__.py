@@ -20,6 +20,10 @@ driver reads its facts) and provides:
                                ("genai": llama_decode_onnxruntime_genai_cpu); "" for nothing
   REFUSES: dict                (optional) {config key: {value: why}}: model choices it cannot
                                express (onnx: model.kv_cache=update_cache), planned as skipped
+  QUANTS: dict[str, tuple]     (optional) model.quant values it makes, by device (absent: ("none",));
+                               others are planned as skipped with QUANT_NOTE (a str, or {device: str}).
+                               export() quantises from description["model"] (quant, quant_group),
+                               after the float reference was made (tasks/model/quant.py for torch)
 """
 
 from __future__ import annotations

@@ -48,6 +48,11 @@ MOVEMENT = {
     ),
     "casts": frozenset({"aten._to_copy", "dim_order_ops._to_dim_order_copy"}),
 }
+QUANTS = {"cpu": ("none", "8da4w")}
+QUANT_NOTE = (
+    "the installed ExecuTorch's XNNPACK delegate lowers only dynamically quantised linears (8da4w); a weight-only "
+    "int8/int4 linear is delegated as a float linear over its raw integer weights (wrong logits, full-size .pte)"
+)
 METHOD = "phasesweep_description"  # the .pte's constant method holding the description as JSON
 
 
@@ -60,6 +65,35 @@ class Options:
         choice("backend.export_options.delegate", self.delegate, DELEGATES)
         for name in self.passes:
             choice("backend.export_options.passes[]", name, tuple(PASSES))
+
+
+def unsupported(options: dict[str, Any], model: Any, phase: Any, device: str) -> str | None:
+    """A quantised model needs the XNNPACK delegate (the portable kernels have no torchao quantised
+    ops) and float32 or float16 (a bfloat16 8da4w .pte fails to load its method in executorch 1.5.1)."""
+    if model.quant == "none":
+        return None
+    if options.get("delegate", "xnnpack") == "none":
+        return f"model.quant={model.quant} needs an XNNPACK backend.export_options.delegate (no portable torchao kernels)"
+    if model.dtype == "bfloat16":
+        return f"model.quant={model.quant} with model.dtype=bfloat16: the .pte's method fails to load in this ExecuTorch"
+    return None
+
+
+def partitioners(delegate: str, quant: str) -> list[Any]:
+    """XNNPACK's partitioners: for a quantised model, the dynamically quantised linears first, then
+    everything else, as ExecuTorch's export_llama (`-qmode 8da4w -X`)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+        XnnpackDynamicallyQuantizedPartitioner,
+        XnnpackPartitioner,
+    )
+
+    if delegate == "xnnpack_linear":  # export_llama -X: only the linear layers
+        return [XnnpackDynamicallyQuantizedPartitioner()]
+    if delegate != "xnnpack":
+        return []
+    if quant == "none":
+        return [XnnpackPartitioner()]
+    return [XnnpackDynamicallyQuantizedPartitioner(), XnnpackPartitioner()]
 
 
 def _pass(name: str):
@@ -79,10 +113,6 @@ def export(
     description: dict[str, Any],
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
     import torch
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
-        XnnpackDynamicallyQuantizedPartitioner,
-        XnnpackPartitioner,
-    )
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
@@ -90,8 +120,11 @@ def export(
 
     from tasks.export._gelu_tanh import write_out_tanh_gelu
     from tasks.export._shapes import dynamic_shapes, example_args
+    from tasks.model.quant import quantize
 
     opts = Options(**options)
+    model = description["model"]
+    quantized = quantize(graph, model["quant"], model["quant_group"])  # after the float reference was made
     in_graph = getattr(graph, "kv_cache", None) in IN_GRAPH_KV_CACHES
     args = example_args(graph, args)
     with torch.no_grad():
@@ -103,11 +136,7 @@ def export(
         edge = to_edge_transform_and_lower(
             program,
             transform_passes=[_pass(name) for name in opts.passes],
-            partitioner={
-                "xnnpack": [XnnpackPartitioner()],
-                "xnnpack_linear": [XnnpackDynamicallyQuantizedPartitioner()],
-                "none": [],
-            }[opts.delegate],
+            partitioner=partitioners(opts.delegate, model["quant"]),
             constant_methods=constant_methods(description),
         )
         info = get_delegation_info(edge.exported_program().graph_module)
@@ -124,7 +153,7 @@ def export(
     inside["artifact_bytes"] = path.stat().st_size
     inside["constant_bytes"] = segment_bytes(path) or inside["constant_bytes"]  # as the file stores them
     total = info.num_delegated_nodes + info.num_non_delegated_nodes
-    custom = {op: n for op, n in inside["ops"].items() if op.split(".")[0] not in CORE_NAMESPACES}
+    custom = {op: n for op, n in inside["outside_delegates"].items() if op.split(".")[0] not in CORE_NAMESPACES}
     return path.name, {
         "custom_ops": ", ".join(f"{op} x{n}" for op, n in custom.items()) or "none",  # kernels outside XNNPACK
         "mutable_buffers": _mutated_buffers(edge),
@@ -134,6 +163,7 @@ def export(
         "non_delegated_ops": info.num_non_delegated_nodes,
         "delegated_fraction": info.num_delegated_nodes / total if total else 0.0,
         "delegated_subgraphs": info.num_delegated_subgraphs,
+        **quantized,
     }, inside
 
 

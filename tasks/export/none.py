@@ -7,9 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.specs import QUANTS as QUANT_VALUES
+
 LIBRARIES = ("torch", "transformers")
 MEMORY_FACTOR = 1.5  # the model and its reference run
 RESOURCES = {"num_cpus": 1}
+QUANTS = {"cpu": QUANT_VALUES, "cuda": QUANT_VALUES}  # no file: the runtime quantises what it builds
 
 
 @dataclass(frozen=True)

@@ -87,15 +87,16 @@ def check_parity(session: Any, phase: PhaseSpec, feeds: dict, parity: dict, atol
     against the cache the reference filled (a graph that returns a wrong cache would
     otherwise pass prefill and hand decode garbage). An in-graph cache returns none: decode's
     parity, stepping through the program's own filled cache, checks it."""
-    from tasks.measure.parity import compare, summary
+    from tasks.measure.parity import compare, rel_error, summary
     from tasks.model.tensors import as_float32
 
     logits, *present = session.run(feeds)
     report = summary([compare(logits, parity["ref_logits"][0], atol)], atol)
     names = [n for n in session.output_names if n.startswith(PRESENT)]
-    diffs = [float(np.max(np.abs(as_float32(a) - parity["ref_" + n]))) for n, a in zip(names, present, strict=True)]
-    if diffs:
-        report["cache_max_abs_diff"] = max(diffs)
+    pairs = [(as_float32(a), parity["ref_" + n]) for n, a in zip(names, present, strict=True)]
+    if pairs:
+        report["cache_max_abs_diff"] = max(float(np.max(np.abs(a - e))) for a, e in pairs)
+        report["cache_max_rel_error"] = max(rel_error(a, e, logits=False) for a, e in pairs)
         report["passed"] = report["passed"] and report["cache_max_abs_diff"] <= atol
     return report
 

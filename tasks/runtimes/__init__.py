@@ -11,6 +11,8 @@ conf/backend/. Each is importable without torch (the driver reads its facts) and
   PROFILER: str                (optional) the profiler its session's profile() uses
                                (bench.profile=true needs one; tasks/measure/profiles.py)
   PRELOAD: tuple[str, ...]     (optional) modules its fork server imports once (tasks/worker/forks.py)
+  QUANTS: dict[str, tuple]     (optional) model.quant values it runs, by device (absent: ("none",));
+                               others are planned as skipped with QUANT_NOTE (a str, or {device: str})
   REFUSES: dict                (optional) {config key: {value: why}}: model choices it cannot
                                run, planned as skipped with the reason (as the format's);
                                why may be {device: why} where only some devices cannot

@@ -14,17 +14,20 @@ from typing import Any
 import numpy as np
 
 from tasks.runtimes.eager import PRELOAD as EAGER_PRELOAD
+from tasks.runtimes.eager import QUANT_NOTE as EAGER_QUANT_NOTE
+from tasks.runtimes.eager import QUANTS as EAGER_QUANTS
 from tasks.runtimes.eager import REFUSES as EAGER_REFUSES
 from tasks.runtimes.eager import TorchSession, build_module, set_threads
 from tasks.specs import PAST, BenchSpec, choice
 
-LIBRARIES = ("torch", "transformers")
+LIBRARIES = ("torch", "transformers", "torchao")  # torchao: model.quant
 PRELOAD = (*EAGER_PRELOAD, "torch._dynamo")
 MEMORY_FACTOR = 1.5
 DTYPES = {"cpu": ("float32", "float16", "bfloat16"), "cuda": ("float32", "float16", "bfloat16")}
 PROFILER = "torch.profiler around the compiled module, after the timed loop in the same session"
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 REFUSES = EAGER_REFUSES  # the same modules, compiled
+QUANTS, QUANT_NOTE = EAGER_QUANTS, EAGER_QUANT_NOTE
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,15 @@ from tasks.specs import BenchSpec
 if TYPE_CHECKING:
     import torch
 
-LIBRARIES = ("torch", "transformers")
+LIBRARIES = ("torch", "transformers", "torchao")  # torchao: model.quant
 PRELOAD = ("torch", "transformers", *dict.fromkeys(f.rotary_module for f in FAMILIES.values()))  # what load() imports
 MEMORY_FACTOR = 1.5
 DTYPES = {"cpu": ("float32", "float16", "bfloat16"), "cuda": ("float32", "float16", "bfloat16")}
 PROFILER = "torch.profiler, ops by self time, after the timed loop in the same session"
 _CPU_ONLY = {"cuda": "ExecuTorch's llama::update_cache / custom_sdpa have CPU kernels only"}
 REFUSES = {"model.kv_cache": {"update_cache": _CPU_ONLY}, "model.attention": {"custom_sdpa": _CPU_ONLY}}
+QUANTS = {"cpu": ("none", "int8", "int4", "8da4w"), "cuda": ("none",)}  # tasks/model/quant.py, in every dtype
+QUANT_NOTE = {"cuda": "torchao's CUDA paths (int4 tile-packed: bfloat16 only) have not run on a GPU here; see docs/gpu.md"}
 
 
 @dataclass(frozen=True)
@@ -148,10 +150,13 @@ def set_threads(spec: BenchSpec) -> None:
 def build_module(spec: BenchSpec) -> torch.nn.Module:
     """The same graph module the exporters see, built from the spec."""
     from tasks.model.models import build_model
+    from tasks.model.quant import quantize
     from tasks.phases import phase_module
 
     m = spec.model
-    return phase_module(spec.phase.name).build_graph(build_model(m), spec.phase, m.family, m.kv_cache, m.attention)
+    graph = phase_module(spec.phase.name).build_graph(build_model(m), spec.phase, m.family, m.kv_cache, m.attention)
+    quantize(graph, m.quant, m.quant_group)  # model.quant: torchao's tensor subclasses run under torch and inductor
+    return graph
 
 
 def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> TorchSession:

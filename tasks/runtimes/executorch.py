@@ -13,12 +13,14 @@ import numpy as np
 
 from tasks.measure.profiles import WARMUP, add, top_ops
 from tasks.runtimes._torch_session import TorchOutputSession
+from tasks.specs import QUANTS as QUANT_VALUES
 from tasks.specs import BenchSpec
 
 LIBRARIES = ("executorch",)
 PRELOAD = ("executorch.runtime", "executorch.extension.pybindings.portable_lib")
 MEMORY_FACTOR = 1.5
 DTYPES = {"cpu": ("float32", "float16", "bfloat16")}
+QUANTS = {"cpu": QUANT_VALUES}  # whatever the .pte holds (the format declares what it makes)
 PROFILER = "ExecuTorch's ETDump, read with its Inspector, from a program loaded with it on"
 
 
