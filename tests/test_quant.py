@@ -64,11 +64,14 @@ def test_a_module_without_quants_runs_none_only(monkeypatch):
     )
 
 
-def test_quantised_executorch_needs_the_xnnpack_delegate():
+def test_quantised_executorch_needs_the_xnnpack_delegate_and_no_bfloat16():
     plan = plan_of(
         backend="executorch", phase="decode", **{"model.quant": "8da4w", "backend.export_options.delegate": "none"}
     )
     assert not plan.variants and "needs backend.export_options.delegate=xnnpack" in plan.skipped[0].reason
+    plan = plan_of(backend="executorch", phase="decode", **{"model.quant": "none,8da4w", "model.dtype": "bfloat16"})
+    assert names(plan) == ["llama_decode_executorch_cpu"]
+    assert "model.quant=8da4w with model.dtype=bfloat16" in plan.skipped[0].reason
 
 
 @pytest.mark.parametrize(

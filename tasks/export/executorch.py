@@ -65,16 +65,20 @@ class Options:
 
 
 def unsupported(options: dict[str, Any], model: Any, phase: Any, device: str) -> str | None:
-    """A quantised model needs the XNNPACK delegate: the portable kernels have no torchao quantised ops."""
-    if model.quant != "none" and options.get("delegate", "xnnpack") != "xnnpack":
-        return f"model.quant={model.quant} needs backend.export_options.delegate=xnnpack (portable kernels run no torchao quant ops)"
+    """A quantised model needs the XNNPACK delegate (the portable kernels have no torchao quantised
+    ops) and float32 or float16 (a bfloat16 8da4w .pte fails to load its method in executorch 1.5.1)."""
+    if model.quant == "none":
+        return None
+    if options.get("delegate", "xnnpack") != "xnnpack":
+        return f"model.quant={model.quant} needs backend.export_options.delegate=xnnpack (no portable torchao kernels)"
+    if model.dtype == "bfloat16":
+        return f"model.quant={model.quant} with model.dtype=bfloat16: the .pte's method fails to load in this ExecuTorch"
     return None
 
 
-def partitioners(delegate: str, quant: str, dtype: str) -> list[Any]:
+def partitioners(delegate: str, quant: str) -> list[Any]:
     """XNNPACK's partitioners: for a quantised model, the dynamically quantised linears first, then
-    everything else, as ExecuTorch's export_llama (`-qmode 8da4w -X`); bfloat16 quantised linears
-    need the first told so (`--xnnpack-enable-bf16`)."""
+    everything else, as ExecuTorch's export_llama (`-qmode 8da4w -X`)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
         XnnpackDynamicallyQuantizedPartitioner,
         XnnpackPartitioner,
@@ -84,7 +88,7 @@ def partitioners(delegate: str, quant: str, dtype: str) -> list[Any]:
         return []
     if quant == "none":
         return [XnnpackPartitioner()]
-    return [XnnpackDynamicallyQuantizedPartitioner(enable_bf16=dtype == "bfloat16"), XnnpackPartitioner()]
+    return [XnnpackDynamicallyQuantizedPartitioner(), XnnpackPartitioner()]
 
 
 def _pass(name: str):
@@ -127,7 +131,7 @@ def export(
         edge = to_edge_transform_and_lower(
             program,
             transform_passes=[_pass(name) for name in opts.passes],
-            partitioner=partitioners(opts.delegate, model["quant"], model["dtype"]),
+            partitioner=partitioners(opts.delegate, model["quant"]),
             constant_methods=constant_methods(description),
         )
         info = get_delegation_info(edge.exported_program().graph_module)
