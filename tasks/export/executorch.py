@@ -73,7 +73,7 @@ def unsupported(options: dict[str, Any], model: Any, phase: Any, device: str) ->
     if model.quant == "none":
         return None
     if options.get("delegate", "xnnpack") == "none":
-        return f"model.quant={model.quant} needs an XNNPACK backend.export_options.delegate (no portable torchao kernels)"
+        return f"model.quant={model.quant} needs backend.export_options.delegate=xnnpack or xnnpack_linear (no portable torchao kernels)"
     if model.dtype == "bfloat16":
         return f"model.quant={model.quant} with model.dtype=bfloat16: the .pte's method fails to load in this ExecuTorch"
     return None
