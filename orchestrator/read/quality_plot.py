@@ -37,7 +37,7 @@ def quality_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     if not panels:
         return False
     plt = pyplot()
-    from matplotlib.ticker import FuncFormatter, SymmetricalLogLocator
+    from matplotlib.ticker import FuncFormatter
 
     keys = sorted(panels)
     ncols = 1 if len(keys) == 1 else 2
@@ -72,7 +72,9 @@ def quality_plot(rows: list[dict[str, Any]], path: Path) -> bool:
         if use_ppl:
             ax.set_yscale("symlog", linthresh=PPL_TIE)  # linear within +-PPL_TIE %, where rounding lives
             ax.set_ylim(min(min(ys), -PPL_TIE) * 2, max(max(ys), PPL_TIE) * 4)
-            ax.yaxis.set_major_locator(SymmetricalLogLocator(base=10, linthresh=PPL_TIE))
+            low, high = ax.get_ylim()  # 1-2-5 ticks beyond the linear band: a decade is often wider than the data
+            steps = [m * 10.0**e for e in range(-1, 6) for m in (1, 2, 5) if m * 10.0**e >= PPL_TIE]
+            ax.set_yticks([0.0] + [t for v in steps for t in (v, -v) if low <= t <= high])
             ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
             ax.axhline(0, color="0.8", lw=0.8, zorder=0)
             ax.set_ylabel("perplexity increase over float32 eager, %", fontsize=9)
