@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from node_ports import listens
+from node_ports import Refused, listens
 
 WAIT_S = float(os.environ.get("PHASESWEEP_NODE_WAIT_S", "60"))  # how long a started node may take to be up
 STOP_GRACE_S = 5.0  # SIGTERM's grace; raylet and gcs_server take longer only to end as killed anyway
@@ -69,8 +69,16 @@ def zombie(pid: int) -> bool:
 
 
 def token() -> str:
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token")
-    return os.environ.get("RAY_AUTH_TOKEN") or Path(path).read_text().strip()
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"]
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    try:
+        return path.read_text().strip()
+    except OSError as e:
+        raise Refused(
+            f"no Ray auth token at {path} ({e.strerror}): copy the head's ~/.ray/auth_token here, "
+            "or set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
+        ) from None
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
