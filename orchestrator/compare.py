@@ -19,11 +19,11 @@ the table says why. Below it: what changed inside each variant's artifact.
 
 With --remeasure, each variant both sweeps ran is timed again here, baseline and candidate
 alternating in short blocks in two fresh processes, until the ratio's interval is within
---target-ci or --max-seconds pass; its verdict then rests on those paired rounds, which
+--target-ci, decides the verdict, or --max-seconds pass; its verdict then rests on those paired rounds, which
 a change of the machine's speed between (or during) the sweeps cannot fake. Use it on any
 machine you do not control: shared CI runners, VMs, laptops.
 
-    python -m orchestrator.compare A B --remeasure --max-seconds 60
+    python -m orchestrator.compare A B --remeasure --max-seconds 180
     python -m orchestrator.compare A B --remeasure --cluster 10.0.0.1:6379 --uri http://10.0.0.1:5000
 
 With --cluster, each variant's re-measurement is a Ray task on that cluster, placed as its
@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--alpha", type=float, default=0.05, help="significance level after the Holm correction")
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples per variant")
     p.add_argument("--remeasure", action="store_true", help="time both sides again here, interleaved")
-    p.add_argument("--max-seconds", type=float, default=60.0, help="--remeasure: timed seconds per variant at most")
+    p.add_argument("--max-seconds", type=float, default=180.0, help="--remeasure: timed seconds per variant at most")
     p.add_argument("--target-ci", type=float, default=0.01, help="--remeasure: stop once the ratio's 95%% interval is within this")
     p.add_argument("--cluster", default=None, metavar="ADDRESS", help="--remeasure: as Ray tasks on this cluster (host:port, ray://host:port, auto)")
     p.add_argument("--block-calls", type=int, default=4, help="--remeasure: calls per side per round, at least")
@@ -101,7 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tasks.paired import PairOptions
 
         progress()
-        options = PairOptions(max_seconds=args.max_seconds, target_ci=args.target_ci, block_calls=args.block_calls)
+        options = PairOptions(
+            max_seconds=args.max_seconds, target_ci=args.target_ci, min_effect=args.min_effect, block_calls=args.block_calls
+        )
         from orchestrator.read.store import store_uri
         from tasks.specs import ConfigError
 

@@ -29,7 +29,9 @@ SIDES = ("baseline", "candidate")
 @dataclass(frozen=True)
 class PairOptions:
     max_seconds: float = 120.0  # timed rounds stop here whatever the interval
-    target_ci: float = 0.01  # stop once the ratio's 95% interval half-width is within this of it
+    target_ci: float = 0.01  # stop once the ratio's 95% interval half-width is within this of it,
+    min_effect: float = 0.05  # or once the interval lies beyond 1 +- this or within it (the verdict is decided),
+    decide_growth: float = 1.5  # looked at only when the rounds have grown by this factor (fewer looks, less peeking)
     min_rounds: int = 12  # never stop before (a median's 95% interval needs 6 or more)
     max_rounds: int = 400
     block_seconds: float = 0.2  # each side's block of calls per round lasts about this,
@@ -58,7 +60,7 @@ class PairResult:
     ratios: list[float] = field(default_factory=list)  # candidate / baseline, per round
     ratio: float | None = None  # median of `ratios`
     ci: tuple[float, float] | None = None  # its distribution-free 95% interval
-    stop: str = ""  # target | time | rounds
+    stop: str = ""  # target | decided | time | rounds
     seconds: float = 0.0
     node: str = ""  # the Ray node it ran on, when it ran as a task
 
@@ -69,6 +71,12 @@ def ratio_interval(ratios: list[float]) -> tuple[float, tuple[float, float] | No
     ranks = median_ci_ranks(a.size)
     med = float(np.median(a))
     return med, None if ranks is None else (float(a[ranks[0]]), float(a[ranks[1]]))
+
+
+def decided(ci: tuple[float, float], min_effect: float) -> bool:
+    """The interval lies wholly beyond 1 +- min_effect (slower or faster) or wholly within it (same)."""
+    low, high = ci
+    return low > 1 + min_effect or high < 1 - min_effect or (1 - min_effect <= low and high <= 1 + min_effect)
 
 
 def _side_main(conn: Any, spec: BenchSpec) -> None:
@@ -161,7 +169,7 @@ def paired_job(spec: PairSpec) -> PairResult:
             result.calls_per_block[role] = max(opts.block_calls, min(10_000, calls))
             result.block_ns[role], result.samples_ns[role] = [], []
         rng = random.Random(opts.seed)
-        start = time.perf_counter()
+        start, look = time.perf_counter(), opts.min_rounds
         while True:
             order = list(SIDES)
             rng.shuffle(order)
@@ -177,6 +185,11 @@ def paired_job(spec: PairSpec) -> PairResult:
                 if (result.ci[1] - result.ci[0]) / 2 <= opts.target_ci * result.ratio:
                     result.stop = "target"
                     break
+                if rounds >= look:
+                    look = max(rounds + 1, round(rounds * opts.decide_growth))
+                    if decided(result.ci, opts.min_effect):
+                        result.stop = "decided"
+                        break
             if elapsed >= opts.max_seconds:
                 result.stop = "time"
                 break

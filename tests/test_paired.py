@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.read.stats import compare_paired
-from tasks.paired import PairOptions, PairSpec, paired_job, ratio_interval
+from tasks.paired import PairOptions, PairSpec, decided, paired_job, ratio_interval
 from tests.conftest import FAST_BENCH
 
 SPIN = Path(__file__).resolve().parent / "spin_backend"
@@ -38,6 +38,16 @@ def test_paired_rounds_decide_the_verdict():
     assert same["verdict"] == "same" and same["measured"] == "interleaved, 20 rounds"
     mixed = compare_paired(pair([0.8, 1.3] * 10))  # as often above as below 1, widely spread
     assert mixed["verdict"] == "inconclusive"
+
+
+def test_rounds_stop_once_the_interval_decides_the_verdict():
+    assert decided((1.06, 1.20), 0.05) and decided((0.80, 0.94), 0.05)  # slower, faster
+    assert decided((0.97, 1.04), 0.05)  # same
+    assert not decided((1.03, 1.20), 0.05) and not decided((0.94, 1.02), 0.05)  # astride a bound
+    # the verdict agrees with the stop: a decided interval is never inconclusive when the rounds agree
+    for ratios in ([1.10 + (i % 3) / 100 for i in range(20)], [1.0 + ((-1) ** i) * (i % 4) / 400 for i in range(20)]):
+        p = pair(ratios)
+        assert decided(p["ci"], 0.05) and compare_paired(p)["verdict"] != "inconclusive"
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +84,7 @@ def test_a_known_slowdown_is_found_and_no_change_is_not(spin_sides):
     slower = paired_job(PairSpec("x", spun(spin_sides, 20_000), spun(spin_sides, 40_000), opts))
     assert slower.ok, slower.failure
     assert compare_paired(asdict(slower))["verdict"] == "slower"
-    assert slower.ci[0] > 1.1 and slower.stop in ("target", "time", "rounds")
+    assert slower.ci[0] > 1.1 and slower.stop in ("target", "decided", "time", "rounds")
     assert len(slower.block_ns["baseline"]) == len(slower.ratios) == len(slower.block_ns["candidate"])
     same = paired_job(PairSpec("x", spun(spin_sides, 20_000), spun(spin_sides, 20_000), opts))
     assert same.ok, same.failure
