@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.run.ray_session import LOCAL_ENV, LOCAL_START_ATTEMPTS  # noqa: E402
+from orchestrator.run.ray_session import LOCAL_ENV, LOCAL_START_ATTEMPTS, ensure_auth_token  # noqa: E402
 
 SPIN = ROOT / "tests" / "spin_backend"
 # a few calls per variant: what is under test is the recording, not the measurement
@@ -141,6 +141,7 @@ class SharedRay:
     def __init__(self, workdir: Path, timeout_s: float = 120, attempts: int = LOCAL_START_ATTEMPTS):
         self.log = workdir / "ray_head.txt"
         self.log.write_text("")
+        ensure_auth_token()  # `ray start --head` refuses to start without one
         for attempt in range(1, attempts + 1):
             if self._start(timeout_s):
                 return

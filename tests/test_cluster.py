@@ -53,10 +53,11 @@ def _where():
 def three_nodes():
     """Two CPU nodes with a bench slot each and a GPU node (its GPU declared, not real)."""
     from orchestrator.plan.placement import BENCH_RESOURCE
-    from orchestrator.run.ray_session import LOCAL_ENV
+    from orchestrator.run.ray_session import LOCAL_ENV, ensure_auth_token
 
     for key, value in LOCAL_ENV.items():
         os.environ.setdefault(key, value)
+    ensure_auth_token()  # its GCS aborts without one (Check failed: has_token) on a machine that never ran Ray
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(
@@ -263,6 +264,15 @@ class LoopbackCluster:
             cmd, env=self.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
 
+    def runtime_env_logs(self, lines: int = 30) -> str:
+        """The tails of the nodes' runtime_env logs (where a job's failed package download is told)."""
+        folder = self.tmp / f"psw-ray-{os.getuid()}"
+        tails = [
+            f"== {f.relative_to(folder)}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-lines:])
+            for f in sorted(folder.glob("*/session_latest/logs/runtime_env*.log"))
+        ]
+        return "\n".join(tails)
+
     def alive(self) -> list[str]:
         """What of this cluster's processes is alive: its nodes' sessions, the scripts' own."""
         return [p for s in [n["sid"] for n in self.nodes.values()] + self.sessions for p in in_session(s)]
@@ -300,6 +310,8 @@ def submitted(tmp_path_factory):
     try:
         cluster.start("--port", str(free_port()), "--dashboard-port", str(free_port()))
         job = cluster.submit(*MISSION, *SUBMITTED_BENCH, "tracking=server", f"tracking.uri={cluster.url}")
+        if job.returncode != 0:  # kept for the failure message: the nodes' folders go with the stop
+            job.stderr += "\n" + cluster.runtime_env_logs()
         refused = cluster.submit("-m", "model=llama", "phase=decode", *FAST_OVERRIDES)  # no server: refused
         experiments = cluster.api("/api/2.0/mlflow/experiments/search", {"max_results": 100})["experiments"]
         ids = [e["experiment_id"] for e in experiments]
@@ -327,7 +339,7 @@ def fields(run: dict, part: str) -> dict[str, str]:
 @needs_postgres
 def test_the_submitted_mission_records_every_variant_on_the_server(submitted):
     _, job, _, runs, listing, _, _ = submitted
-    assert job.returncode == 0, job.stdout[-6000:] + job.stderr[-3000:]
+    assert job.returncode == 0, job.stdout[-6000:] + job.stderr[-8000:]
     assert "succeeded" in job.stdout + job.stderr
     variants = {r["info"]["run_name"]: r for r in runs if fields(r, "tags").get("phasesweep.role") == "variant"}
     assert set(variants) == VARIANTS

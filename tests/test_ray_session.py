@@ -159,3 +159,18 @@ def test_a_shared_ray_head_that_fails_to_start_is_started_again(tmp_path, monkey
     finally:
         left = head.close()
     assert left == [] and head.proc.returncode is not None
+
+
+def test_a_ray_started_outside_ray_init_gets_a_token_on_a_machine_that_never_ran_ray(tmp_path, monkeypatch):
+    """`ray start --head` and a test's ray.cluster_utils head abort without ~/.ray/auth_token
+    (ray.init makes its own); ensure_auth_token makes one once and keeps it."""
+    from orchestrator.run.ray_session import ensure_auth_token
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for key in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(key, raising=False)
+    ensure_auth_token()
+    token = (tmp_path / ".ray" / "auth_token").read_text()
+    assert len(token.strip()) >= 32
+    ensure_auth_token()
+    assert (tmp_path / ".ray" / "auth_token").read_text() == token

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -44,6 +45,14 @@ def import_ray_on_loopback() -> Any:
         ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] not in ("0", "false")
         config.initialize("")  # re-reads RAY_AUTH_MODE, which the GCS this driver starts inherits
     return ray
+
+
+def ensure_auth_token() -> None:
+    """The token a Ray started outside ray.init needs (`ray start`, a test's cluster; ray.init
+    makes its own): ~/.ray/auth_token, made by Ray's CLI when there is none."""
+    ray_cli = Path(sys.executable).with_name("ray")
+    env = {**os.environ, **LOCAL_ENV}
+    subprocess.run([str(ray_cli), "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
 
 
 def imported_ray_switches() -> tuple[Any, Any]:
