@@ -272,3 +272,18 @@ def test_a_dry_run_says_what_captured_stands_for(caplog, tmp_path):
         dry_run_plan(validate_all(configs, overrides), configs, overrides, GridRules())
     out = caplog.text
     assert "1 variant(s) read 'captured'" in out and "a dry run does not run the application" in out
+
+
+def test_one_capture_serves_every_quantisation_of_the_same_weights(tmp_path):
+    """The application runs the float reference: model.quant and quant_group change how the
+    runtimes build it, not what the application calls, so one capture serves them all."""
+    from orchestrator.plan.capture import Captures
+    from orchestrator.plan.config import validate_all
+    from orchestrator.plan.placement import GiB, Capacity
+
+    store = f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"
+    jobs = [[*CAPTURED, f"model.quant={q}", f"model.quant_group={g}", store] for q, g in [("none", 32), ("int8", 32), ("int4", 64)]]
+    points = validate_all(*compose_jobs(*jobs, shrink=False))
+    assert [(p.model.quant, p.model.quant_group) for p in points] == [("none", 32), ("int8", 32), ("int4", 64)]
+    caps = Captures.of(points, Capacity(cpus=2, total_cpus=2, bench_slots=1, gpus=0, memory=8 * GiB))
+    assert len(caps.specs) == 1 and list(caps.labels.values()) == ["llama"]

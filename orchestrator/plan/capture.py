@@ -31,7 +31,8 @@ def wants_capture(phase: PhaseSpec) -> bool:
 
 
 def _key(model: Any, phase: PhaseSpec) -> str:
-    weights = {k: v for k, v in asdict(model).items() if k not in ("name", "kv_cache", "attention")}
+    # the application runs the float reference (build_model): how its runtimes build it is no part of the capture
+    weights = {k: v for k, v in asdict(model).items() if k not in ("name", "kv_cache", "attention", "quant", "quant_group")}
     what = {"model": weights, "app": phase.app, "capture": asdict(phase.capture or CaptureOptions()), "steps": phase.parity_steps}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
