@@ -36,7 +36,7 @@ USAGE = (
 def start(kind: str, opts: dict) -> int:
     ip, extra = opts["ip"], opts["extra"]
     os.environ.update(RAY_AUTH_MODE="token", RAY_USAGE_STATS_ENABLED="0")  # for this process's GcsClient too
-    ray_env = dict(os.environ)
+    ray_env = {"RAY_worker_niceness": "0", **os.environ}  # benchmarks not preempted by any other process (Ray's default: 15)
     if opts.get("cache"):
         Path(opts["cache"]).mkdir(parents=True, exist_ok=True)
         ray_env["PHASESWEEP_NODE_CACHE"] = str(Path(opts["cache"]).resolve())

@@ -279,7 +279,7 @@ def test_one_capture_serves_every_quantisation_of_the_same_weights(tmp_path):
     runtimes build it, not what the application calls, so one capture serves them all."""
     from orchestrator.plan.capture import Captures
     from orchestrator.plan.config import validate_all
-    from orchestrator.plan.placement import GiB, Capacity
+    from orchestrator.plan.placement import Capacity, GiB
 
     store = f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"
     jobs = [[*CAPTURED, f"model.quant={q}", f"model.quant_group={g}", store] for q, g in [("none", 32), ("int8", 32), ("int4", 64)]]

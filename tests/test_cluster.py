@@ -371,6 +371,8 @@ def test_benchmarks_ran_on_both_nodes_and_exports_crossed_between_them(submitted
     sources = [per_repeat(p, "runtime.export_source") for p in params]
     bench_nodes = {n for nodes in ran_on for n in nodes}
     assert len(bench_nodes) == 2, bench_nodes  # each node ran benchmarks
+    # forked by a host actor's fork server: a Ray worker, at niceness 0 on a node of scripts/cluster.sh (Ray's default 15)
+    assert {n for p in params for n in per_repeat(p, "runtime.niceness")} == {"0"}
     crossed: dict[
         tuple[int, str], list[str]
     ] = {}  # (variant, a node other than its export's) -> how its processes there got it

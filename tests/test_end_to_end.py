@@ -236,6 +236,7 @@ def check_fresh_processes(kids, count):
     assert len(measured) == count
     assert [r.data.params["runtime.process_ran_before"] for r in measured.values()] == ["nothing"] * count
     assert [r.data.params["runtime.process_start"] for r in measured.values()] == ["forked"] * count
+    assert [r.data.params["runtime.niceness"] for r in measured.values()] == ["0"] * count  # not Ray's 15
     # its server had imported every library it uses: none imported inside the job (scipy.stats
     # for the median's interval, onnx for ORT's graph were 1.5 s of each benchmark); torch.compile
     # imports its compiler's modules as it compiles, counted in its compile time

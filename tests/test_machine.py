@@ -160,6 +160,7 @@ def test_live_window_reads_numbers_without_failing():
         assert m["shared_cores"] in (0.0, 1.0)
         assert m["load_avg_before"] >= 0 and m["load_avg_after"] >= 0
     assert window.params["cpu_governor"]  # a governor or "unknown"
+    assert window.params["niceness"] == str(os.getpriority(os.PRIO_PROCESS, 0))
     assert ("cpu_mhz_after" in m) != ("cpu_mhz_after" in window.params)
 
 

@@ -24,7 +24,13 @@ log = logging.getLogger("phasesweep")
 
 # A local Ray's environment, read by Ray at import: its node IP stays on loopback (with
 # _node_ip_address alone Ray resolves 127.0.0.1 to the routable IP), token auth, no usage stats
-LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+# and workers at niceness 0 (Ray's default 15 lets any other process on the machine preempt a capture or benchmark)
+LOCAL_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_AUTH_MODE": "token",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_worker_niceness": "0",
+}
 LOCAL_START_ATTEMPTS = 3  # a raylet on a busy machine can miss Ray's fixed 30 s to register
 START_LOCK = "phasesweep-ray-start.lock"  # in the temp folder: one local start at a time per machine
 REACH_TIMEOUT_S = 10.0
