@@ -416,6 +416,7 @@ def test_nothing_the_cluster_test_started_is_left_running(submitted):
 # -- two clusters of one user on one machine ---------------------------------------------------
 
 TWO = ["-m", "model=llama", "phase=prefill,decode", "backend=onnxruntime", "device=cpu", *FAST_OVERRIDES]
+QUANT_B = "int4"  # the second cluster's sweep is quantised
 
 
 @pytest.fixture(scope="module")
@@ -430,9 +431,9 @@ def two_clusters(tmp_path_factory):
     try:
         a.start(worker=False)
         b.start(worker=False)
-        jobs = [
-            c.submit(*TWO, "tracking=server", f"tracking.uri={c.url}", f"tracking.experiment={n}", wait=False)
-            for n, c in (("a", a), ("b", b))
+        jobs = [  # b's quantised: an axis like any other on a cluster
+            c.submit(*TWO, *extra, "tracking=server", f"tracking.uri={c.url}", f"tracking.experiment={n}", wait=False)
+            for n, c, extra in (("a", a, []), ("b", b, [f"model.quant={QUANT_B}"]))
         ]
         outputs = [j.communicate(timeout=900)[0] for j in jobs]
         codes = [j.returncode for j in jobs]
@@ -478,13 +479,15 @@ def test_two_clusters_each_run_only_their_own_jobs_tasks(two_clusters):
     for n, cluster in (("a", t.a), ("b", t.b)):
         own = {node["node_id"] for node in cluster.nodes.values()}
         variants = [r for r in t.runs[n] if fields(r, "tags").get("phasesweep.role") == "variant"]
+        tail = f"_{QUANT_B}" if n == "b" else ""
         assert {r["info"]["run_name"] for r in variants} == {
-            "llama_prefill_onnxruntime_cpu",
-            "llama_decode_onnxruntime_cpu",
+            f"llama_prefill_onnxruntime_cpu{tail}",
+            f"llama_decode_onnxruntime_cpu{tail}",
         }
         for r in variants:
             params = fields(r, "params")
             assert fields(r, "tags")["status"] == "ok", fields(r, "tags").get("error")
+            assert params["model.quant"] == (QUANT_B if n == "b" else "none")
             assert {params["export.ray_node"], *params["runtime.ray_node"].split(",")} <= own, (n, params, own)
 
 
