@@ -12,6 +12,7 @@
 - `mlflow_db(folder)`: an MLflow sqlite store whose tables are already made (a copy of one
   store MLflow made once a session).
 - `sweep_in_tmp(*argv)`: `python sweep.py *argv` run in this process, in the test's tmp_path.
+  `nothing_starts`: with it, the sweep starting MLflow or Ray fails the test (a refusal's check).
 """
 
 from __future__ import annotations
@@ -296,6 +297,22 @@ def sweep_in_tmp(monkeypatch, tmp_path, sweep_app):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PWD", str(tmp_path))
     return sweep_app
+
+
+@pytest.fixture
+def nothing_starts(monkeypatch):
+    """The sweep's Tracker (MLflow) and Scheduler (Ray) fail the test if made: a sweep_app
+    expected to refuse before any work starts neither in pytest's process."""
+    import orchestrator.run.sweep as sweep
+
+    def started(what):
+        def fail(*args, **kwargs):
+            raise AssertionError(f"{what} started before the config was refused")
+
+        return fail
+
+    monkeypatch.setattr(sweep, "Tracker", started("MLflow (Tracker)"))
+    monkeypatch.setattr(sweep, "Scheduler", started("Ray (Scheduler)"))
 
 
 @pytest.fixture(scope="module")
