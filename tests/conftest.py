@@ -10,7 +10,7 @@
   that folder (`cache_override`) finds the same entries, and each export is made once
   (`planned_variant.prefetch(...)` shares a module's exports with a background process).
 - `mlflow_db(folder)`: an MLflow sqlite store whose tables are already made (a copy of one
-  store MLflow made once a session).
+  store MLflow made, kept per MLflow version in tests/.mlflow_store/).
 - `sweep_in_tmp(*argv)`: `python sweep.py *argv` run in this process, in the test's tmp_path.
   `nothing_starts`: with it, the sweep starting MLflow or Ray fails the test (a refusal's check).
 """
@@ -237,24 +237,31 @@ def onnx_exports(exported):
 
 
 @pytest.fixture(scope="session")
-def mlflow_db(tmp_path_factory):
+def mlflow_db():
     """`mlflow_db(folder)` -> the sqlite URI of `folder`/mlflow.db: a file copy of one store
-    MLflow made once a session (its migrations take seconds)."""
+    MLflow made (its migrations take seconds), kept per MLflow version in tests/.mlflow_store/
+    (ignored by git), so the migrations run once per checkout, not once per test process."""
     import shutil
 
+    import mlflow
     from mlflow.tracking import MlflowClient
 
-    made = tmp_path_factory.mktemp("mlflow_store")
-    here = Path.cwd()
-    os.chdir(made)  # MLflow puts the Default experiment's artifacts under the working folder
-    try:
-        MlflowClient(tracking_uri=f"sqlite:///{made / 'mlflow.db'}").search_experiments(max_results=1)
-    finally:
-        os.chdir(here)
+    kept = ROOT / "tests" / ".mlflow_store" / f"mlflow-{mlflow.__version__}.db"
+    if not kept.is_file():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        made = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")  # this process's own: xdist workers race
+        made.unlink(missing_ok=True)
+        here = Path.cwd()
+        os.chdir(kept.parent)  # MLflow puts the Default experiment's artifacts under the working folder
+        try:
+            MlflowClient(tracking_uri=f"sqlite:///{made}").search_experiments(max_results=1)
+        finally:
+            os.chdir(here)
+        os.replace(made, kept)  # whole or not at all: a racing worker's equal store may land first
 
     def copy_to(folder: Path) -> str:
         folder.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(made / "mlflow.db", folder / "mlflow.db")
+        shutil.copyfile(kept, folder / "mlflow.db")
         return f"sqlite:///{folder / 'mlflow.db'}"
 
     return copy_to
