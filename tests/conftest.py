@@ -280,7 +280,7 @@ def sweep_app(monkeypatch):
     root, ours = logging.getLogger(), logging.getLogger("phasesweep")
     saved = root.level, root.handlers[:], ours.level, ours.handlers[:], ours.propagate
     GlobalHydra.instance().clear()
-    # pytest's process only calls into phasesweep: its heap is not frozen (tasks/worker/heap.py)
+    # pytest's process only calls into phasesweep: sweep.py does not manage it (tasks/worker/heap.py)
     monkeypatch.setattr("tasks.worker.heap.manage_process", lambda: None)
 
     def app(*argv: str) -> None:
@@ -345,3 +345,24 @@ def fresh_compile_caches():
     torch = sys.modules.get("torch")
     if torch is not None and "torch._dynamo" in sys.modules:
         torch.compiler.reset()
+
+
+def pytest_collection_finish(session):
+    """What collection imported (torch, transformers, MLflow, ...) frozen, as phasesweep's own
+    processes freeze their imports (tasks/worker/heap.py): a full collection (export_job's
+    among them) then walks only what the tests made, not a million long-lived objects."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def heap_stays_frozen():
+    """A test that thaws the heap (checking gc.freeze itself) leaves it frozen again."""
+    yield
+    import gc
+
+    if not gc.get_freeze_count():
+        gc.collect()
+        gc.freeze()
