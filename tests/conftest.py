@@ -10,8 +10,9 @@
   that folder (`cache_override`) finds the same entries, and each export is made once
   (`planned_variant.prefetch(...)` shares a module's exports with a background process).
 - `mlflow_db(folder)`: an MLflow sqlite store whose tables are already made (a copy of one
-  store MLflow made once a session).
+  store MLflow made, kept per MLflow version in tests/.mlflow_store/).
 - `sweep_in_tmp(*argv)`: `python sweep.py *argv` run in this process, in the test's tmp_path.
+  `nothing_starts`: with it, the sweep starting MLflow or Ray fails the test (a refusal's check).
 """
 
 from __future__ import annotations
@@ -236,24 +237,31 @@ def onnx_exports(exported):
 
 
 @pytest.fixture(scope="session")
-def mlflow_db(tmp_path_factory):
+def mlflow_db():
     """`mlflow_db(folder)` -> the sqlite URI of `folder`/mlflow.db: a file copy of one store
-    MLflow made once a session (its migrations take seconds)."""
+    MLflow made (its migrations take seconds), kept per MLflow version in tests/.mlflow_store/
+    (ignored by git), so the migrations run once per checkout, not once per test process."""
     import shutil
 
+    import mlflow
     from mlflow.tracking import MlflowClient
 
-    made = tmp_path_factory.mktemp("mlflow_store")
-    here = Path.cwd()
-    os.chdir(made)  # MLflow puts the Default experiment's artifacts under the working folder
-    try:
-        MlflowClient(tracking_uri=f"sqlite:///{made / 'mlflow.db'}").search_experiments(max_results=1)
-    finally:
-        os.chdir(here)
+    kept = ROOT / "tests" / ".mlflow_store" / f"mlflow-{mlflow.__version__}.db"
+    if not kept.is_file():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        made = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")  # this process's own: xdist workers race
+        made.unlink(missing_ok=True)
+        here = Path.cwd()
+        os.chdir(kept.parent)  # MLflow puts the Default experiment's artifacts under the working folder
+        try:
+            MlflowClient(tracking_uri=f"sqlite:///{made}").search_experiments(max_results=1)
+        finally:
+            os.chdir(here)
+        os.replace(made, kept)  # whole or not at all: a racing worker's equal store may land first
 
     def copy_to(folder: Path) -> str:
         folder.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(made / "mlflow.db", folder / "mlflow.db")
+        shutil.copyfile(kept, folder / "mlflow.db")
         return f"sqlite:///{folder / 'mlflow.db'}"
 
     return copy_to
@@ -272,7 +280,7 @@ def sweep_app(monkeypatch):
     root, ours = logging.getLogger(), logging.getLogger("phasesweep")
     saved = root.level, root.handlers[:], ours.level, ours.handlers[:], ours.propagate
     GlobalHydra.instance().clear()
-    # pytest's process only calls into phasesweep: its heap is not frozen (tasks/worker/heap.py)
+    # pytest's process only calls into phasesweep: sweep.py does not manage it (tasks/worker/heap.py)
     monkeypatch.setattr("tasks.worker.heap.manage_process", lambda: None)
 
     def app(*argv: str) -> None:
@@ -298,6 +306,22 @@ def sweep_in_tmp(monkeypatch, tmp_path, sweep_app):
     return sweep_app
 
 
+@pytest.fixture
+def nothing_starts(monkeypatch):
+    """The sweep's Tracker (MLflow) and Scheduler (Ray) fail the test if made: a sweep_app
+    expected to refuse before any work starts neither in pytest's process."""
+    import orchestrator.run.sweep as sweep
+
+    def started(what):
+        def fail(*args, **kwargs):
+            raise AssertionError(f"{what} started before the config was refused")
+
+        return fail
+
+    monkeypatch.setattr(sweep, "Tracker", started("MLflow (Tracker)"))
+    monkeypatch.setattr(sweep, "Scheduler", started("Ray (Scheduler)"))
+
+
 @pytest.fixture(scope="module")
 def hydra_loader():
     """(Hydra's config loader, the sweep's master config) as the launcher gets them."""
@@ -321,3 +345,24 @@ def fresh_compile_caches():
     torch = sys.modules.get("torch")
     if torch is not None and "torch._dynamo" in sys.modules:
         torch.compiler.reset()
+
+
+def pytest_collection_finish(session):
+    """What collection imported (torch, transformers, MLflow, ...) frozen, as phasesweep's own
+    processes freeze their imports (tasks/worker/heap.py): a full collection (export_job's
+    among them) then walks only what the tests made, not a million long-lived objects."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def heap_stays_frozen():
+    """A test that thaws the heap (checking gc.freeze itself) leaves it frozen again."""
+    yield
+    import gc
+
+    if not gc.get_freeze_count():
+        gc.collect()
+        gc.freeze()

@@ -131,18 +131,20 @@ def test_validation_and_plan_are_the_same_both_ways(hydra_loader):
     assert OmegaConf.to_container(pv.config) == OmegaConf.to_container(slow[pv.jobs[0]])
 
 
+# one bad value per kind of override (a string, an int, a string for an int, a list, a + key
+# that takes the full compose, an interpolation) in the quick loop; the rest in the full suite
 @pytest.mark.parametrize(
     "bad",
     [
         "model.kv_cache=paged",
-        "model.dtype=int3",
+        pytest.param("model.dtype=int3", marks=pytest.mark.slow),
         "phase.batch=0",
         "phase.batch=two",
-        "bench.threads=0",
+        pytest.param("bench.threads=0", marks=pytest.mark.slow),
         "+phase.contxt_len=5",
-        "model.name='a/b'",
+        pytest.param("model.name='a/b'", marks=pytest.mark.slow),
         "backend.devices=[tpu]",
-        "phase.context_len=100000",
+        pytest.param("phase.context_len=100000", marks=pytest.mark.slow),
         "phase.seed=${model.seed}",  # another group, unreachable from the group alone
     ],
 )

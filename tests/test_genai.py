@@ -13,6 +13,7 @@ from tests.conftest import FAST_BENCH, plan_jobs
 GENAI = "backend.export_options.exporter=genai"
 DYNAMIC = "model.kv_cache=dynamic"
 needs_genai = pytest.mark.skipif(not available(), reason="pip install 'phasesweep[genai]'")
+builds = pytest.mark.slow  # the builder makes an ONNX model: an export (planning and refusals stay fast)
 
 
 @needs_genai
@@ -64,6 +65,7 @@ def test_without_onnxruntime_genai_or_for_a_family_the_builder_lacks_the_point_i
     assert "builds model.family in llama" in plan.skipped[0].reason
 
 
+@builds
 @needs_genai
 @pytest.mark.parametrize(
     "model, phase, kv_cache",
@@ -98,6 +100,7 @@ def test_the_builders_model_matches_transformers(planned_variant, model, phase, 
     assert result.metrics["latency_ms_median"] > 0
 
 
+@builds
 @needs_genai
 def test_the_anatomy_shows_what_the_builder_fused_and_torch_did_not(exported, planned_variant):
     from tasks.export.onnx import fused_counts, read_metadata
@@ -125,6 +128,7 @@ def test_the_anatomy_shows_what_the_builder_fused_and_torch_did_not(exported, pl
     assert described["exporter"] == "genai" and "attention_mask" in described["inputs"]
 
 
+@builds
 @needs_genai
 def test_a_static_cache_takes_the_new_position_in_place_and_a_dynamic_one_grows(planned_variant):
     """GroupQueryAttention writes into the bound past buffer when it has a free slot at

@@ -10,8 +10,10 @@ import itertools
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hydra.types import RunMode
 from omegaconf import open_dict
 
+from orchestrator.plan.compose import JobConfigs
 from orchestrator.plan.config import ConfigError, validate_all
 from orchestrator.plan.placement import Capacity
 from orchestrator.plan.planner import make_plan
@@ -23,7 +25,8 @@ CAPACITY = Capacity(cpus=2, total_cpus=2, bench_slots=1, gpus=0, memory=8 * GiB)
 
 
 def grid(**axes: str):
-    """Compose the configs of a sweep the way `-m key=a,b ...` would: one per combination."""
+    """Compose the configs of a sweep the way `-m key=a,b ...` does: one per combination, by the
+    launcher's JobConfigs (Hydra composes each combination of groups once, at most)."""
     keys = list(axes)
     jobs = [
         [f"{k}={v}" for k, v in zip(keys, combo, strict=True)]
@@ -31,7 +34,8 @@ def grid(**axes: str):
     ]
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        configs = [compose("sweep", overrides=job) for job in jobs]
+        loader = GlobalHydra.instance().config_loader()
+        configs = list(JobConfigs(loader, loader.load_configuration("sweep", [], RunMode.MULTIRUN), jobs))
     GlobalHydra.instance().clear()
     return configs, jobs
 
