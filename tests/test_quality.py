@@ -159,3 +159,30 @@ def test_compare_flags_a_faster_variant_that_lost_quality():
     assert quality_cell(changes["c"], "faster") == "ppl +0.20% -> +0.70%"
     assert quality_cell(None, "same") == "-"
     assert "2 lost quality: a, b" in quality_summary(changes)[0]
+
+
+@pytest.mark.parametrize("kind", ["prefill", "decode"])
+def test_a_captured_call_is_measured_as_its_kind(kind):
+    """phase=captured's quality windows and logits are its kind's, at the kept call's shape."""
+    from dataclasses import replace
+
+    from tasks.phases import captured, phase_module
+    from tasks.runtimes.eager import TorchSession
+    from tasks.specs import BenchSpec, PhaseSpec
+    from tests.conftest import model_spec
+
+    model, seq = _memorising_model(vocab=48)
+    mod = phase_module(kind)
+    shape = {"prompt_len": 16} if kind == "prefill" else {"context_len": 24}
+    phase = mod.normalize(PhaseSpec(kind, batch=1, parity_steps=2, **shape), "static")
+    kept = replace(phase, name="captured", kind=kind, app="examples.generate_app:run")
+    dims = {"layers": 1, "vocab": 48, "max_positions": 128}
+    want, _ = mod.quality_inputs(model, model, phase, "static", dims, lambda n: seq[:n], 8)
+    got, why = captured.quality_inputs(model, model, kept, "static", dims, lambda n: seq[:n], 8)
+    assert got is not None and got.keys() == want.keys(), why
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+    graph = mod.build_graph(model, phase, "llama", "static", "sdpa")
+    cache = ["present.0.key", "present.0.value"] if kind == "decode" else []
+    session = TorchSession(graph, BenchSpec("v", "eager", "cpu", model_spec("llama"), phase, ""), {"output_names": ["logits", *cache]})
+    feeds = {"input_ids": 0, **({"cache_position": 0, "past_key_values.0.key": 0, "past_key_values.0.value": 0} if cache else {})}
+    assert np.allclose(captured.quality_logits(session, kept, feeds, got), mod.quality_logits(session, phase, feeds, want))

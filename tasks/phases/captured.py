@@ -146,3 +146,14 @@ def check_parity(session: Any, phase: PhaseSpec, feeds: dict, parity: dict, atol
 
 def extra_metrics(*, phase: PhaseSpec, **kwargs: Any) -> dict[str, float]:
     return _kind(phase).extra_metrics(phase=phase, **kwargs)
+
+
+def quality_inputs(
+    model: torch.nn.Module, ref: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dict[str, int], take: Any, tokens: int
+) -> tuple[dict[str, np.ndarray] | None, str]:
+    """The kind's quality windows, at the kept call's shape."""
+    return _kind(phase).quality_inputs(model, ref, phase, kv_cache, dims, take, tokens)
+
+
+def quality_logits(session: Any, phase: PhaseSpec, feeds: dict, q: dict[str, np.ndarray]) -> np.ndarray:
+    return _kind(phase).quality_logits(session, phase, feeds, q)
