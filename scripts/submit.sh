@@ -11,19 +11,27 @@
 # filesystem has to be shared: exports travel through Ray's object store, and each node
 # keeps them in its own cache (scripts/cluster.sh --cache DIR).
 #
-# Each submission packages a file of its own (.phasesweep_submission.*, removed when it ends):
-# Ray skips uploading a package whose content it holds, but deletes a finished job's package
-# soon after (Ray issue 46625), so an unchanged folder could find its package gone. The file
-# is not in .gitignore: Ray leaves what .gitignore lists out of the package.
+# Ray is given a snapshot of the project, not the live folder: `ray job submit` hashes the
+# folder twice (the URI the job names, then the package it uploads), so a file written in
+# between (a log) made the job name a package never uploaded. The snapshot holds what git
+# tracks or would track (every file, outside a git checkout), less EXCLUDES, plus a file of
+# the submission's own: Ray skips uploading a package whose content it holds, but deletes a
+# finished job's package soon after (Ray issue 46625), so equal content could find it gone.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 DASHBOARD_URL [sweep.py arguments...]" >&2; exit 2; }
 address="$1"; shift
 cd "$(dirname "$0")/.."
 export RAY_AUTH_MODE=token
 gcs="${PHASESWEEP_CLUSTER_ADDRESS:-$("${PYTHON:-python}" scripts/cluster_node.py gcs-address "$address")}"
-marker=$(mktemp .phasesweep_submission.XXXXXXXX)
-trap 'rm -f "$marker"' EXIT
-echo "submitted $(date -u +%Y-%m-%dT%H:%M:%SZ) from $(hostname) by pid $$" >"$marker"
-ray job submit --address="$address" --working-dir=. \
-  --runtime-env-json='{"excludes": [".venv", "mlruns", "mlartifacts", "multirun", "outputs", ".phasesweep_cache", "mlflow.db", ".git"]}' \
-  -- python sweep.py "$@" cluster=ray "cluster.address=$gcs"
+EXCLUDES=(.venv mlruns mlartifacts multirun outputs .phasesweep_cache mlflow.db .git)
+snap=$(mktemp -d "${TMPDIR:-/tmp}/phasesweep-submission.XXXXXXXX")
+trap 'rm -rf "$snap"' EXIT
+tar_excludes=()
+for e in "${EXCLUDES[@]}"; do tar_excludes+=("--exclude=$e"); done
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  git ls-files -z --cached --others --exclude-standard | tar "${tar_excludes[@]}" --ignore-failed-read --null -T - -cf -
+else
+  tar "${tar_excludes[@]}" -cf - .
+fi | tar -xf - -C "$snap"
+echo "submitted $(date -u +%Y-%m-%dT%H:%M:%SZ) from $(hostname) by pid $$" >"$snap/.phasesweep_submission"
+ray job submit --address="$address" --working-dir="$snap" -- python sweep.py "$@" cluster=ray "cluster.address=$gcs"
