@@ -58,6 +58,9 @@ def in_session(sid: int) -> list[str]:
     return found
 
 
+BACKEND_NAMES = sorted(p.stem for p in (CONF / "backend").glob("*.yaml"))  # every backend= option
+
+
 def backend_yaml(option: str) -> dict:
     """conf/backend/<option>.yaml with the yaml its defaults list names under it (one level, as
     onnxruntime_genai.yaml builds on onnxruntime.yaml), nested mappings merged."""

@@ -18,7 +18,7 @@ from tasks.model import families
 from tasks.model.graphs import DecodeGraph, PrefillGraph, swap_attention
 from tasks.model.models import _classes, build_model
 from tasks.specs import BenchSpec, ConfigError, ExportSpec, PhaseSpec
-from tests.conftest import CONF, PHASES, model_spec
+from tests.conftest import BACKEND_NAMES, CONF, PHASES, backend_yaml, model_spec
 from tests.test_graphs import FAST
 
 NEW = [f for f in families.FAMILIES if f not in ("llama", "phi3")]  # those two: tests/test_graphs.py
@@ -201,7 +201,8 @@ def test_architectures_the_swap_cannot_take_are_refused_in_one_line(config, mess
 
 # -- the exported backends, per family (slow) ------------------------------------------------
 
-BACKENDS = ["onnxruntime", "executorch", "compile"]
+# every backend against eager's transformers reference; the genai builder's families: tests/test_genai.py
+BACKENDS = [b for b in BACKEND_NAMES if b != "eager" and backend_yaml(b)["export_options"].get("exporter") != "genai"]
 
 
 @pytest.mark.slow

@@ -18,9 +18,9 @@ from orchestrator.plan.config import ConfigError, TrackingCfg, validate_all
 from orchestrator.plan.grid import grid_rules
 from orchestrator.plan.planner import make_plan
 from orchestrator.read.summary import plan_text
-from tests.conftest import CONF, capacity
+from tests.conftest import BACKEND_NAMES, CONF, capacity
 
-BACKENDS = sorted(p.stem for p in (CONF / "backend").glob("*.yaml"))
+BACKENDS = BACKEND_NAMES
 
 GROUP_OPTIONS = {
     "model": ["llama", "phi3"],

@@ -28,11 +28,11 @@ from tasks.phases import phase_names
 from tasks.runtimes import runtime_module
 from tasks.specs import PAST
 from tasks.worker.entries import load_export
-from tests.conftest import CONF, DECODE, backend_yaml, compose_jobs
+from tests.conftest import BACKEND_NAMES, CONF, DECODE, backend_yaml, compose_jobs
 
 slow = pytest.mark.slow
 HALF = ("float16", "bfloat16")
-BACKENDS = {p.stem: backend_yaml(p.stem) for p in sorted((CONF / "backend").glob("*.yaml"))}
+BACKENDS = {b: backend_yaml(b) for b in BACKEND_NAMES}
 SYNTHETIC = [p for p in phase_names() if "app" not in yaml.safe_load((CONF / "phase" / f"{p}.yaml").read_text())]
 
 
