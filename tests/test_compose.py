@@ -96,6 +96,14 @@ def test_fast_and_full_compose_give_identical_configs(hydra_loader, tmp_path):
     assert configs[0] is not configs[0] and configs[-1].hydra.job.num == 5 + len(jobs) - 1
 
 
+def test_a_key_is_taken_through_dicts_only_never_through_an_interpolation():
+    from orchestrator.plan.compose import _exists
+
+    cfg = OmegaConf.create({"a": {"b": 1, "link": "${x}", "todo": "???", "seq": [{"c": 1}]}, "x": {"y": 2}})
+    assert _exists(cfg, "a.b") and _exists(cfg, "a.link") and _exists(cfg, "x.y")
+    assert not any(_exists(cfg, k) for k in ("a.link.y", "a.todo", "a.seq.0", "a.b.c", "a..b", "z"))
+
+
 def test_a_key_the_combination_lacks_fails_as_hydra_fails(hydra_loader):
     loader, master = hydra_loader
     job = ["backend=eager", "backend.options.mode=default"]  # eager has no options

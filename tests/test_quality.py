@@ -75,9 +75,8 @@ def _memorising_model(vocab: int):
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=128, attn_implementation="eager",
     )  # fmt: skip
-    config._attn_implementation = "eager"
     model = LlamaForCausalLM(config)
     seq = torch.randperm(vocab, generator=torch.Generator().manual_seed(0)).repeat(3)[None]
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)

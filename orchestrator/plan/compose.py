@@ -60,7 +60,7 @@ def _exists(cfg: DictConfig, key: str) -> bool:
     for part in key.split("."):
         if not isinstance(node, DictConfig) or not part or part not in node:
             return False
-        node = node._get_node(part)
+        node = None if OmegaConf.is_interpolation(node, part) else node[part]  # not followed, as Hydra resolves it
     return True
 
 

@@ -44,8 +44,7 @@ def build_model(spec: ModelSpec) -> torch.nn.Module:
         root = check_checkpoint(spec.checkpoint)
         model = model_cls.from_pretrained(str(root), use_safetensors=True, dtype=dtype, attn_implementation="eager")
     else:
-        config = config_cls(**spec.arch)
-        config._attn_implementation = "eager"  # the reference: plain softmax attention
+        config = config_cls(**spec.arch, attn_implementation="eager")  # the reference: plain softmax attention
         torch.manual_seed(spec.seed)
         model = model_cls(config).to(dtype)
     return model.eval()
