@@ -369,3 +369,14 @@ def heap_stays_frozen():
     if not gc.get_freeze_count():
         gc.collect()
         gc.freeze()
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """The quick loop (-m "not slow") hands out tests one by one and steals at the tail: its
+    module fixtures are cheap. The full suite keeps each file on one worker (--dist loadfile),
+    so a module's cluster or sweep is made once."""
+    if config.option.markexpr == "not slow" and config.option.dist == "loadfile":
+        from xdist.scheduler import WorkStealingScheduling
+
+        return WorkStealingScheduling(config, log)
+    return None
