@@ -132,7 +132,9 @@ def bare_executorch(path: Path, feeds: dict[str, np.ndarray], threads: int):
     from executorch.extension.pybindings import portable_lib
     from executorch.runtime import Runtime
 
-    portable_lib._unsafe_reset_threadpool(threads)
+    from tasks.runtimes.executorch import threadpool
+
+    threadpool(portable_lib, "_unsafe_reset_threadpool")(threads)  # the guarded private setter
     method = Runtime.get().load_program(path).load_method("forward")
     inputs = [torch.from_numpy(np.ascontiguousarray(a)) for a in feeds.values()]
 
@@ -173,8 +175,11 @@ def harness(session, feeds: dict[str, np.ndarray]):
 
 
 def _graphs_compiled() -> int:
-    from torch._dynamo.utils import counters
+    from tasks.runtimes.compile import dynamo_counters
 
+    counters = dynamo_counters()  # guarded: None where an upgrade moved them
+    if counters is None:
+        raise SystemExit("scripts/bench_overhead.py: this torch has no dynamo counters to check recompiles with")
     return int(counters["stats"]["unique_graphs"])
 
 
