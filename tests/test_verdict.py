@@ -180,8 +180,8 @@ def expected_ratio(row) -> float:
 
 
 def test_a_known_slowdown_is_slower(sweeps, capsys):
-    """Unpaired: the direction. Its size is the re-measured test's: two sweeps timed apart on a
-    busy machine differed by 22% beyond the spin with their machine probes agreeing."""
+    """Unpaired: the direction only. Two sweeps timed apart can drift beyond what their machine
+    probes show, so the size is held by the re-measured test."""
     code, row, printed = compare(sweeps, "baseline", "candidate", capsys)
     assert row["n_baseline"] >= MIN_ITERS and row["n_candidate"] >= MIN_ITERS
     assert row["ratio_ci_low"] <= row["ratio"] <= row["ratio_ci_high"]
@@ -233,7 +233,8 @@ def test_remeasured_a_known_slowdown_is_slower(sweeps, capsys, spin_importable):
     assert row["measured"].startswith("interleaved, ") and "interleaved" in printed, printed
     assert code == 1 and row["verdict"] == "slower", printed
     assert row["ratio_ci_low"] <= row["ratio"] <= row["ratio_ci_high"] and row["ratio_ci_low"] > 1 + MIN_EFFECT
-    assert row["ratio"] == pytest.approx(expected_ratio(row), rel=0.15), f"expected {expected_ratio(row):.3f}"
+    expected = expected_ratio(row)
+    assert row["ratio"] == pytest.approx(expected, rel=0.15), f"expected {expected:.3f}"
 
 
 def test_an_a_b_pair_in_one_sweep_is_timed_interleaved(tmp_path, mlflow_db, cache_override, spin_importable):
