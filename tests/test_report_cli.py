@@ -1,5 +1,5 @@
 """`python -m orchestrator.report`: the table and plots of an earlier sweep rebuilt from MLflow
-alone. A sweep is driven by hand (orchestrator.run.sweep.SweepRun with a real Tracker on an sqlite
+alone. A sweep is driven by hand (orchestrator.run.sweep_run.SweepRun with a real Tracker on an sqlite
 store, a scripted scheduler, no Ray) or its runs are written with MlflowClient; the report
 must print the table the sweep printed."""
 
@@ -25,7 +25,7 @@ from orchestrator.read import report as rep
 from orchestrator.read import store as st
 from orchestrator.read import summary
 from orchestrator.record.tracking import Tracker
-from orchestrator.run.sweep import SweepRun
+from orchestrator.run.sweep_run import SweepRun
 from tasks.specs import Failure
 from tests.conftest import ROOT, plan_jobs
 from tests.test_plots import PNG_SIGNATURE, png_size

@@ -1,4 +1,4 @@
-"""A sweep's state transitions, without Ray or MLflow: orchestrator.run.sweep.SweepRun driven by
+"""A sweep's state transitions, without Ray or MLflow: orchestrator.run.sweep_run.SweepRun driven by
 hand (and run_sweep with a scripted scheduler) against a tracker that keeps every run in
 memory and refuses what MLflow would refuse or what the driver must never do (logging into
 an ended run, ending a run twice, changing a param)."""
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from orchestrator.common.outcome import Status
-from orchestrator.run.sweep import SweepRun
+from orchestrator.run.sweep_run import SweepRun
 from tasks.specs import BenchResult, ExportResult, Failure
 from tests.conftest import capacity, compose_jobs, plan_jobs
 
@@ -53,6 +53,7 @@ class FakeTracker:
     finds (bench key -> an earlier sweep's run); `orphan_ids`: runs orphans() reports."""
 
     uri = "fake://tracker"
+    experiment_id = "0"
 
     def __init__(self, earlier=None):
         self.runs: dict[str, FakeRun] = {}
@@ -146,6 +147,7 @@ class FakeScheduler:
         self.submitted: list[tuple[str, str, Any, Any]] = []
         self.queue: list[tuple[str, str, Any]] = []
         self.started = self.stopped = False
+        self.running: dict[Any, Any] = {}  # tasks Ray holds now: none, every result is answered at once
         self.servers: dict[str, tuple[str, ...]] | None = None
 
     def start(self):
