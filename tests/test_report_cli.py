@@ -24,6 +24,7 @@ from orchestrator.plan.config import TrackingCfg
 from orchestrator.read import report as rep
 from orchestrator.read import store as st
 from orchestrator.read import summary
+from orchestrator.record.store import Store
 from orchestrator.record.tracking import Tracker
 from orchestrator.run.sweep_run import SweepRun
 from tasks.specs import Failure
@@ -45,7 +46,7 @@ def swept(tmp_path_factory, mlflow_db):
     in MLflow by SweepRun itself: (uri, parent run id, the table it printed, its outcomes)."""
     folder = tmp_path_factory.mktemp("swept")
     uri = mlflow_db(folder)
-    tracker = Tracker(TrackingCfg(uri=uri, artifact_root=str(folder / "mlartifacts")))
+    tracker = Tracker(Store.checked(TrackingCfg(uri=uri, artifact_root=str(folder / "mlartifacts"))))
     plan = plan_jobs(*JOBS)
     run = SweepRun(plan, folder / "out", tracker, FakeScheduler())
     run.record_plan("python sweep.py -m phase=prefill,decode ...")

@@ -11,6 +11,7 @@ import pytest
 from orchestrator.common import signals
 from orchestrator.common.signals import Deferring, Terminated, deferred, installed
 from orchestrator.plan.config import TrackingCfg
+from orchestrator.record.store import Store
 from orchestrator.record.tracking import Tracker
 
 
@@ -79,7 +80,7 @@ def test_a_ctrl_c_inside_a_store_write_lets_it_commit_and_the_abort_close_the_ru
 ):
     """On the real sqlite store: the Ctrl-C lands inside MLflow's transaction; the tags are
     committed, the KeyboardInterrupt comes after, and the abort's writes go through."""
-    tracker = Tracker(TrackingCfg(uri=mlflow_db(tmp_path)))
+    tracker = Tracker(Store.checked(TrackingCfg(uri=mlflow_db(tmp_path))))
     assert isinstance(tracker.client, Deferring)
     run_id = tracker.start_sweep("s", {}, {})
     store = tracker.client._target._tracking_client.store

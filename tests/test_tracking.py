@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.plan.config import TrackingCfg
+from orchestrator.record.store import Store
 from orchestrator.record.tracking import Tracker
 
 
 def test_a_new_folder_gets_a_working_store_made_by_mlflow(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the default store: ./mlflow.db, ./mlartifacts
-    tracker = Tracker(TrackingCfg(), background=True).connected()
+    tracker = Tracker(Store.checked(TrackingCfg()), background=True).connected()
     assert (tmp_path / "mlflow.db").is_file()
     exps = {e.name: e for e in tracker.client.search_experiments()}
     assert set(exps) == {"Default", "phasesweep"}
@@ -30,7 +31,7 @@ def test_an_export_is_linked_into_a_local_artifact_store_not_copied(tmp_path, mo
     import os
 
     monkeypatch.chdir(tmp_path)
-    tracker = Tracker(TrackingCfg(), background=True).connected()
+    tracker = Tracker(Store.checked(TrackingCfg()), background=True).connected()
     run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
     entry = tmp_path / "cache" / "entry"
     entry.mkdir(parents=True)

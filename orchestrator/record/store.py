@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.plan.checks import check_writable
@@ -12,6 +15,39 @@ from orchestrator.plan.config import ConfigError, TrackingCfg
 
 REACH_TIMEOUT_S = 10.0
 RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in the driver of a submitted job (ray job submit)
+
+
+@dataclass(frozen=True)
+class Store:
+    """Where a sweep's runs are kept, checked before any work (tracking.*): the Tracker's one input."""
+
+    uri: str
+    experiment: str
+    artifact_root: Path | None  # a local store's artifact folder for new experiments, writable; None for a server
+    journal: Path | None  # a server's journal of writes (orchestrator/record/journal.py); None for a local store
+    outage_s: float  # how long a server may be away before the sweep stops
+
+    @classmethod
+    def checked(cls, cfg: TrackingCfg) -> Store:
+        """ConfigError, naming the key, for a store the sweep cannot keep its runs in."""
+        check_outlives_job(cfg)
+        uri = resolve_uri(cfg)
+        check_reachable(uri)
+        journal = journal_path(cfg) if is_server(uri) else None
+        return cls(uri, cfg.experiment, check_artifact_root(cfg), journal, cfg.outage_s)
+
+
+def journal_path(cfg: TrackingCfg) -> Path:
+    """This sweep's journal of writes to a server: in tracking.journal_dir, else .phasesweep_journal
+    here, or in the system temp folder when here is a Ray job's working folder (deleted after it)."""
+    if cfg.journal_dir:
+        folder = Path(cfg.journal_dir).expanduser()
+    elif RAY_JOB_ENV in os.environ:
+        folder = Path(tempfile.gettempdir()) / f"phasesweep-journal-{os.getuid()}"
+    else:
+        folder = Path.cwd() / ".phasesweep_journal"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return folder.resolve() / f"sweep-{stamp}-{os.getpid()}.jsonl"
 
 
 def resolve_uri(cfg: TrackingCfg) -> str:

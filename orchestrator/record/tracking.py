@@ -20,9 +20,7 @@ from orchestrator.common.signals import Deferring
 from orchestrator.plan.config import TrackingCfg
 from orchestrator.record.journal import Journal, Sender
 from orchestrator.record.store import (
-    RAY_JOB_ENV,
-    check_artifact_root,
-    check_outlives_job,
+    Store,
     check_reachable,
     credentials_checked,
     is_server,
@@ -73,21 +71,6 @@ def existing_runs(cfg: TrackingCfg) -> dict[str, list[str]]:
     return found
 
 
-def journal_path(cfg: TrackingCfg) -> Path:
-    """This sweep's journal of writes to a server: in tracking.journal_dir, else .phasesweep_journal
-    here, or in the system temp folder when here is a Ray job's working folder (deleted after it)."""
-    import tempfile
-
-    if cfg.journal_dir:
-        folder = Path(cfg.journal_dir).expanduser()
-    elif RAY_JOB_ENV in os.environ:
-        folder = Path(tempfile.gettempdir()) / f"phasesweep-journal-{os.getuid()}"
-    else:
-        folder = Path.cwd() / ".phasesweep_journal"
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return folder.resolve() / f"sweep-{stamp}-{os.getpid()}.jsonl"
-
-
 def apply(client: Any, op: str, args: list[Any]) -> None:
     """One journaled write (orchestrator/record/journal.py) on an MLflow client."""
     from mlflow.entities import Metric, Param, RunTag
@@ -122,21 +105,19 @@ def local_folder(uri: str) -> Path | None:
 
 
 class Tracker:
-    """The sweep's tracking store. Its checks run when it is made. With `background` and a local
-    store, the connection (MLflow's import, opening or making the store: seconds) runs in a
-    thread beside Ray's start; `client` and `experiment_id` wait for it and raise what it raised."""
+    """The sweep's tracking store (orchestrator.record.store.Store, checked before). With
+    `background` and a local store, the connection (MLflow's import, opening or making the store:
+    seconds) runs in a thread beside Ray's start; `client` and `experiment_id` wait for it and
+    raise what it raised."""
 
-    def __init__(self, cfg: TrackingCfg, background: bool = False):
+    def __init__(self, store: Store, background: bool = False):
         quick_http()
         # no "View run at" line from MLflow on every ended run: stdout is the sweep's (links.ui_lines)
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-        check_outlives_job(cfg)
-        self.uri = resolve_uri(cfg)
-        check_reachable(self.uri)
-        root = check_artifact_root(cfg)
+        self.uri = store.uri
         self.sender: Sender | None = None  # a server's writes go through a journal on disk
-        if is_server(self.uri):
-            self.sender = Sender(Journal(journal_path(cfg), self.uri), self.uri, cfg.outage_s, self._apply)
+        if store.journal is not None:
+            self.sender = Sender(Journal(store.journal, self.uri), self.uri, store.outage_s, self._apply)
         self._artifact_uris: dict[str, str] = {}
         self._client: Any = None
         self._experiment_id: str | None = None
@@ -144,13 +125,13 @@ class Tracker:
         self._connecting: threading.Thread | None = None
         # a server is opened now: a refusal of the credentials is said before any work
         if background and not is_server(self.uri):
-            self._connecting = threading.Thread(target=self._connect, args=(cfg, root), name="tracker-connect", daemon=True)
+            self._connecting = threading.Thread(target=self._connect, args=(store,), name="tracker-connect", daemon=True)
             self._connecting.start()
         else:
-            self._connect(cfg, root)
+            self._connect(store)
             self._raise()
 
-    def _connect(self, cfg: TrackingCfg, root: Path | None) -> None:
+    def _connect(self, store: Store) -> None:
         try:
             with imports_uncollected():  # MLflow's import and a new store's migrations make objects to keep
                 from mlflow.tracking import MlflowClient  # before the lock: none waits on our import
@@ -158,7 +139,7 @@ class Tracker:
                 with store_lock(self.uri), credentials_checked(self.uri):
                     # each call whole: a Ctrl-C waits for the write in flight (orchestrator.common.signals)
                     self._client = Deferring(MlflowClient(tracking_uri=self.uri))
-                    self._experiment_id = self._experiment(cfg.experiment, root)
+                    self._experiment_id = self._experiment(store.experiment, store.artifact_root)
         except BaseException as e:  # noqa: BLE001 - raised where the connection is first used
             self._error = e
 

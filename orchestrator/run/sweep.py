@@ -16,6 +16,7 @@ from orchestrator.plan.checks import check_writable
 from orchestrator.plan.config import SweepPoint, validate_all
 from orchestrator.plan.grid import GridRules, grid_rules
 from orchestrator.plan.planner import Plan, make_plan
+from orchestrator.record.store import Store
 from orchestrator.record.tracking import Tracker
 from orchestrator.run.dry_run import dry_run_plan, say_plan
 from orchestrator.run.scheduler import Scheduler
@@ -39,7 +40,8 @@ def run_sweep(
         return {}
     if points[0].cluster.address is None:  # a local Ray's tasks write this machine's export cache
         check_writable("cluster.export_cache", points[0].cluster.export_cache)
-    tracker = Tracker(points[0].tracking, background=True)  # its checks now; MLflow's import and store beside Ray's start
+    # the store checked now; MLflow's import and the store's opening beside Ray's start
+    tracker = Tracker(Store.checked(points[0].tracking), background=True)
     sched = Scheduler(points[0].cluster)  # a local Ray: planned on this machine as measured, started below
     run: SweepRun | None = None
     try:  # a signal or an error anywhere from here, Ray's shutdown and the summary included, closes every open run
