@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tasks.measure.quality import corpus, log_softmax, metrics, split
+from tests.conftest import model_spec
 
 
 def test_identical_distributions_have_zero_kl_full_agreement_and_no_increase():
@@ -101,7 +102,6 @@ def test_a_broken_model_is_caught_through_its_session(zeroed):
     from tasks.phases._quality import reference_logprobs
     from tasks.runtimes.eager import TorchSession
     from tasks.specs import BenchSpec, PhaseSpec
-    from tests.conftest import model_spec
 
     ref, seq = _memorising_model(vocab=48)
     variant = copy.deepcopy(ref)
@@ -185,3 +185,20 @@ def test_a_captured_call_is_measured_as_its_kind(kind):
     session = TorchSession(graph, BenchSpec("v", "eager", "cpu", model_spec("llama"), phase, ""), {"output_names": ["logits", *cache]})
     feeds = {"input_ids": 0, **({"cache_position": 0, "past_key_values.0.key": 0, "past_key_values.0.value": 0} if cache else {})}
     assert np.allclose(captured.quality_logits(session, kept, feeds, got), mod.quality_logits(session, phase, feeds, want))
+
+
+def test_a_float32_unquantised_variant_is_the_reference_and_measures_nothing(tmp_path):
+    """Its export stores only the mark, makes no reference model; its benchmark reports the mark."""
+    from types import SimpleNamespace
+
+    from tasks.measure.quality import QUALITY
+    from tasks.phases import _quality
+    from tasks.specs import QualitySpec
+
+    spec = SimpleNamespace(quality=QualitySpec(text=None, tokens=8), model=model_spec("llama"))
+    arrays, note = _quality.make_quality(None, None, spec, {})
+    assert note == "not measured: float32 and unquantised, the reference itself" and set(arrays) == {_quality.REFERENCE}
+    np.savez(tmp_path / QUALITY, **arrays)
+    assert _quality.measure(None, None, None, {}, str(tmp_path)) == {"quality_reference": 1.0}
+    for changed in ({"dtype": "float16"}, {"quant": "int8"}):
+        assert not _quality.is_reference(model_spec("llama", **changed))

@@ -1,6 +1,7 @@
 """scripts/train_tiny.py and quality end to end: a short training run gives a checkpoint that
 phasesweep's checkpoint reader accepts and whose loss fell, and a sweep over it records quality
-(KL, top-1, perplexity against float32 eager) for eager, ONNX Runtime and ExecuTorch."""
+(KL, top-1, perplexity against float32 eager) for float16 eager, ONNX Runtime and ExecuTorch, and
+marks a float32 variant as the reference itself."""
 
 from __future__ import annotations
 
@@ -51,18 +52,21 @@ def test_a_sweep_over_it_records_quality_for_every_backend(trained, tmp_path, ml
     uri = mlflow_db(tmp_path)
     common = [cache_override, f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path / 'mlartifacts'}",
               f"model.checkpoint={folder}"]  # fmt: skip
-    jobs = [[f"phase={p}", f"backend={b}", *common] for p in ("prefill", "decode") for b in ("eager", "onnxruntime", "executorch")]
-    configs, overrides = compose_jobs(*jobs)
+    half = [[f"phase={p}", f"backend={b}", "model.dtype=float16", *common] for p in ("prefill", "decode") for b in ("eager", "onnxruntime", "executorch")]  # fmt: skip
+    configs, overrides = compose_jobs(*half, ["phase=decode", "backend=onnxruntime", *common])
     outcomes = run_sweep(configs, overrides, tmp_path / "out", "pytest: quality")
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs([client.get_experiment_by_name("phasesweep").experiment_id], max_results=50)
     variants = {r.info.run_name: r for r in runs if r.data.tags.get("phasesweep.role") != "sweep"}
-    assert len(variants) == 6, sorted(variants)
+    assert len(variants) == 7, sorted(variants)
+    reference = variants.pop("llama_decode_onnxruntime_cpu_fp32")  # float32, unquantised: the reference itself
+    assert reference.data.metrics["quality_reference"] == 1.0 and "quality_kl" not in reference.data.metrics
+    assert "the reference itself" in reference.data.params["export.quality_inputs"]
     for name, run in variants.items():
         m = run.data.metrics
         assert run.data.tags.get("status") == "ok", (name, run.data.tags)
-        assert m["quality_top1"] == 1.0 and m["quality_kl"] < 1e-6, (name, m)  # float32: agrees with its reference
-        assert m["quality_ppl"] == pytest.approx(m["quality_ppl_ref"], rel=1e-4)
+        assert m["quality_top1"] >= 0.9 and 0 < m["quality_kl"] < 0.05, (name, m)  # float16: near its float32 reference
+        assert abs(m["quality_ppl_increase"]) < 0.05 and m["quality_ppl"] == pytest.approx(m["quality_ppl_ref"], rel=0.05)
         assert 1 < m["quality_ppl_ref"] < 512 and m["quality_tokens"] >= 32
         assert "text" in run.data.params["export.quality_inputs"]
     sweep = next(r for r in runs if r.data.tags.get("phasesweep.role") == "sweep")

@@ -54,8 +54,14 @@ def parity_value(m: dict[str, float]) -> str:
     return f"{m['parity_max_abs_diff']:.1e}"
 
 
+REFERENCE = "reference"
+
+
 def quality_text(m: dict[str, float]) -> str:
-    """Against float32 eager on the same tokens: perplexity change (text only), KL, top-1."""
+    """Against float32 eager on the same tokens: perplexity change (text only), KL, top-1;
+    "reference" for a float32, unquantised variant (the reference itself: nothing measured)."""
+    if m.get("quality_reference"):
+        return REFERENCE
     if "quality_kl" not in m:
         return "-"
     ppl = f"ppl {m['quality_ppl']:.2f} ({m['quality_ppl_increase']:+.2%}), " if "quality_ppl" in m else ""
@@ -76,7 +82,7 @@ def summary_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
         }
         for o in outcomes
     ]
-    if all(r["quality"] == "-" for r in rows):  # a column only when some variant measured it
+    if all(r["quality"] in ("-", REFERENCE) for r in rows):  # a column only when some variant measured it
         for r in rows:
             del r["quality"]
     return rows

@@ -5,7 +5,9 @@ tokenizer, or draws seeded tokens where there is none, lets the phase cut it int
 windows its artifact runs (`quality_inputs`), and stores them with the float32, unquantised
 eager model's log-probabilities at every predicted position (QUALITY in the entry). The
 benchmark, after every timed call, runs the artifact through its own session over the same
-windows (`quality_logits`) and compares (tasks/measure/quality.py metrics).
+windows (`quality_logits`) and compares (tasks/measure/quality.py metrics). A float32,
+unquantised variant is that reference itself: its entry says so (REFERENCE) and neither side
+computes anything (parity checks that its artifact computes what its model does).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from tasks.measure.quality import QUALITY, metrics, quality_text
 if TYPE_CHECKING:
     import torch
 
-    from tasks.specs import ExportSpec
+    from tasks.specs import ExportSpec, ModelSpec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+REFERENCE = "reference"  # the one array of a reference variant's QUALITY: nothing to compare
 LOGITS_BUDGET = 1 << 28  # bytes of reference logits in flight at once (a large vocabulary: fewer rows)
 
 
@@ -34,10 +37,12 @@ def make_quality(model: torch.nn.Module, phase_mod: Any, spec: ExportSpec, dims:
     cached by it, as parity's context is."""
     if spec.quality is None:
         return None, "off (bench.quality=false)"
+    if is_reference(spec.model):
+        return {REFERENCE: np.ones(1, np.int8)}, "not measured: float32 and unquantised, the reference itself"
     if not hasattr(phase_mod, "quality_inputs"):
         return None, f"not measured: phase={spec.phase.name} has no quality windows"
     take, what = _token_source(spec, dims)
-    ref = _reference(model, spec)
+    ref = _reference(spec)
     arrays, why = phase_mod.quality_inputs(model, ref, spec.phase, spec.model.kv_cache, dims, take, spec.quality.tokens)
     if arrays is None:
         return None, f"not measured: {why}"
@@ -62,15 +67,16 @@ def _token_source(spec: ExportSpec, dims: dict[str, int]) -> tuple[Callable[[int
     return (lambda n: torch.randint(0, dims["vocab"], (n,), generator=gen)), "synthetic"
 
 
-def _reference(model: torch.nn.Module, spec: ExportSpec) -> torch.nn.Module:
-    """The float32, unquantised eager model: the variant's own when it is one, else built again."""
+def is_reference(m: ModelSpec) -> bool:
+    """Whether the variant computes the reference's numbers: float32 and unquantised."""
+    return m.dtype == "float32" and m.quant == "none"
+
+
+def _reference(spec: ExportSpec) -> torch.nn.Module:
+    """The float32, unquantised eager model of a variant that is not it, built again."""
     from tasks.model.models import build_model
 
-    m = spec.model
-    if m.dtype == "float32" and getattr(m, "quant", "none") == "none":
-        return model
-    plain = {"quant": "none"} if hasattr(m, "quant") else {}
-    return build_model(replace(m, dtype="float32", **plain))
+    return build_model(replace(spec.model, dtype="float32", quant="none"))
 
 
 def reference_logprobs(ref: torch.nn.Module, ids: torch.Tensor, keep: int) -> np.ndarray:
@@ -89,9 +95,13 @@ def reference_logprobs(ref: torch.nn.Module, ids: torch.Tensor, keep: int) -> np
 def measure(session: Any, phase_mod: Any, phase: Any, feeds: dict[str, np.ndarray], export_dir: str) -> dict[str, float]:
     """The artifact's quality through its session, over the stored windows; {} without them."""
     path = Path(export_dir) / QUALITY
-    if not path.is_file() or not hasattr(phase_mod, "quality_logits"):
+    if not path.is_file():
         return {}
     with np.load(path) as z:
         q = {n: z[n] for n in z.files}
+    if REFERENCE in q:
+        return {"quality_reference": 1.0}
+    if not hasattr(phase_mod, "quality_logits"):
+        return {}
     logits = phase_mod.quality_logits(session, phase, feeds, q)
     return metrics(logits, q["q_ref_logprobs"], q.get("q_targets"))
