@@ -180,18 +180,34 @@ def test_live_display_on_a_terminal_logs_each_line_once(tmp_path):
 def test_ui_links_open_the_runs_not_the_overview():
     links = ui_links("http://mlflow.example:5000/", "7", "abc")
     assert links == {
-        "runs": "http://mlflow.example:5000/#/experiments/7/runs?orderByKey=metrics.%60latency_ms_median%60&orderByAsc=true",
-        "run": "http://mlflow.example:5000/#/experiments/7/runs/abc",
+        "runs": "http://mlflow.example:5000/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=phasesweep",
+        "run": "http://mlflow.example:5000/#/experiments/7/runs/abc?workflowType=machine_learning",
     }
     local = "sqlite:////tmp/x/mlflow.db"
     assert ui_command(local) == "mlflow ui --backend-store-uri sqlite:////tmp/x/mlflow.db --port 5000"
     assert ui_lines(local, "1", "r1") == [
         "MLflow UI, once `mlflow ui --backend-store-uri sqlite:////tmp/x/mlflow.db --port 5000` runs:",
-        "  this sweep's run:  http://127.0.0.1:5000/#/experiments/1/runs/r1",
-        "  all runs (table):  http://127.0.0.1:5000/#/experiments/1/runs?orderByKey=metrics.%60latency_ms_median%60&orderByAsc=true",
+        "  this sweep's run:  http://127.0.0.1:5000/#/experiments/1/runs/r1?workflowType=machine_learning",
+        "  all runs (table):  http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning&viewStateShareKey=phasesweep",
     ]
     assert (
         ui_command("https://mlflow.example", "7")
         == "open https://mlflow.example/#/experiments/7/runs?" + links["runs"].split("?")[1]
     )
     assert ui_lines("fake://tracker", "1", "r1") == [] and ui_lines(local, None) == []
+
+
+def test_the_experiment_tags_open_the_classic_view_on_the_figures():
+    """The view the runs link opens by its key: valid JSON the UI reads, the runs sorted by median
+    latency, the figures a user decides by as columns."""
+    import json
+
+    from orchestrator.record.links import VIEW_KEY, experiment_tags
+
+    tags = experiment_tags()
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(tags[f"mlflow.sharedViewState.{VIEW_KEY}"])
+    assert view["orderByKey"] == "metrics.`latency_ms_median`" and view["orderByAsc"] is True
+    for column in ("latency_ms_median", "tokens_per_s", "parity_max_abs_diff", "quality_ppl_increase"):
+        assert f"metrics.`{column}`" in view["selectedColumns"]
+    assert "tags.`status`" in view["selectedColumns"]

@@ -1,7 +1,8 @@
 """The MLflow UI as its users browse it: a real tiny sweep recorded on an `mlflow server`
-(127.0.0.1, a free port), its printed links opened in headless Chromium (Debian's `chromium`
-and `chromium-driver`, driven by selenium): the runs link lands on the runs table listing
-the variants, the sweep's link on its run with the summary table in its description.
+(127.0.0.1, a free port), and one on its local store served by the `mlflow ui` it printed,
+their printed links opened in headless Chromium (Debian's `chromium` and `chromium-driver`,
+driven by selenium): the runs link lands on the classic runs table listing the variants with
+their figures as columns, the sweep's link on its run with the summary table in its description.
 Screenshots go to the test's folder (printed); with PHASESWEEP_SCREENSHOTS=docs/screenshots
 they are also copied there (how the README's images were made). A test run never writes
 into the repository otherwise."""
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -44,30 +47,16 @@ def answers(url: str) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """`mlflow server` on a sqlite store in a folder of its own; its process group is killed at the end."""
-    folder = tmp_path_factory.mktemp("mlflow_server")
+@contextmanager
+def mlflow_serving(folder: Path, store: str, command: str = "server", *extra: str) -> Iterator[str]:
+    """`mlflow server` (or `mlflow ui`) on a sqlite store, on a free port of 127.0.0.1; its address.
+    Its process group is killed at the end."""
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    log = open(folder / "server.log", "w")  # closed at the end
+    log = open(folder / f"{command}.log", "w")  # closed at the end
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{folder / 'mlflow.db'}",
-            "--default-artifact-root",
-            str(folder / "art"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
+        [sys.executable, "-m", "mlflow", command, "--backend-store-uri", store, *extra,
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],  # fmt: skip
         cwd=folder,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -77,9 +66,9 @@ def server(tmp_path_factory):
     try:
         deadline = time.monotonic() + SERVER_START_S
         while not answers(f"{uri}/health"):
-            assert proc.poll() is None, (folder / "server.log").read_text()[-3000:]
+            assert proc.poll() is None, (folder / f"{command}.log").read_text()[-3000:]
             assert time.monotonic() < deadline, (
-                f"no /health in {SERVER_START_S}s: " + (folder / "server.log").read_text()[-3000:]
+                f"no /health in {SERVER_START_S}s: " + (folder / f"{command}.log").read_text()[-3000:]
             )
             time.sleep(0.5)  # a poll interval: the loop waits on /health, not on the clock
         yield uri
@@ -96,21 +85,17 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def sweep_links(server, tmp_path_factory, cache_override):
-    """A real tiny sweep recorded on the server; the links it printed: {"run": ..., "runs": ...}."""
-    cwd = tmp_path_factory.mktemp("ui_sweep")
+def server(tmp_path_factory):
+    """`mlflow server` on a sqlite store in a folder of its own."""
+    folder = tmp_path_factory.mktemp("mlflow_server")
+    with mlflow_serving(folder, f"sqlite:///{folder / 'mlflow.db'}", "server", "--default-artifact-root", str(folder / "art")) as uri:
+        yield uri
+
+
+def tiny_sweep(cwd: Path, cache_override: str, *tracking: str) -> dict:
+    """A real tiny sweep run in `cwd`; the links it printed: {"run": ..., "runs": ..., "medians": ...}."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "sweep.py"),
-            "-m",
-            "model=llama",
-            "phase=prefill,decode",
-            *SHRINK,
-            cache_override,
-            "tracking=server",
-            f"tracking.uri={server}",
-        ],
+        [sys.executable, str(ROOT / "sweep.py"), "-m", "model=llama", "phase=prefill,decode", *SHRINK, cache_override, *tracking],
         cwd=cwd,
         env={**os.environ, "PWD": str(cwd)},
         capture_output=True,
@@ -126,11 +111,30 @@ def sweep_links(server, tmp_path_factory, cache_override):
         found = re.findall(pattern, out)
         assert len(found) == 2 and found[0] == found[1], out[-3000:]  # at the start and at the end, the same
         links[kind] = found[0]
-    assert links["runs"].startswith(f"{server}/#/experiments/") and f"{links['runs'].split('?')[0]}/" in links["run"]
+    assert f"{links['runs'].split('?')[0]}/" in links["run"]
     # each variant's median as the sweep printed it ("measured  NAME  0.343 ms median, ...")
     links["medians"] = {n: float(m) for n, m in re.findall(r"measured\s+(\S+)\s+([\d.]+) ms median", out)}
     assert set(links["medians"]) == set(NAMES), out[-3000:]
     return links
+
+
+@pytest.fixture(scope="module")
+def sweep_links(server, tmp_path_factory, cache_override):
+    """The tiny sweep recorded on the server; the links it printed."""
+    links = tiny_sweep(tmp_path_factory.mktemp("ui_sweep"), cache_override, "tracking=server", f"tracking.uri={server}")
+    assert links["runs"].startswith(f"{server}/#/experiments/")
+    return links
+
+
+@pytest.fixture(scope="module")
+def local_links(tmp_path_factory, cache_override):
+    """The tiny sweep recorded on its local store (./mlflow.db), then served by the `mlflow ui` it
+    printed, on a free port: its links with that port."""
+    cwd = tmp_path_factory.mktemp("ui_local")
+    links = tiny_sweep(cwd, cache_override)
+    assert links["runs"].startswith("http://127.0.0.1:5000/#/experiments/")
+    with mlflow_serving(cwd, f"sqlite:///{cwd / 'mlflow.db'}", "ui") as uri:
+        yield {k: v.replace("http://127.0.0.1:5000", uri) if isinstance(v, str) else v for k, v in links.items()}
 
 
 @pytest.fixture(scope="module")
@@ -184,16 +188,23 @@ def wait_for(driver, check, what: str):
         raise AssertionError(f"{what}; the page showed:\n{body_text(driver)[:3000]}") from None
 
 
-def test_the_runs_link_lands_on_the_runs_table_listing_every_variant(sweep_links, browser, shots):
-    browser.get(sweep_links["runs"])
+@pytest.mark.parametrize("store", ["server", "local"])
+def test_the_runs_link_opens_the_classic_runs_table_with_the_figures(store, request, browser, shots):
+    """The printed link, in a fresh browser: the classic (model training) view, not the GenAI
+    one; every variant listed flat, fastest first; the figures as columns without picking them."""
+    links = request.getfixturevalue("sweep_links" if store == "server" else "local_links")
+    browser.get(links["runs"])
     wait_for(browser, lambda d: all(n in body_text(d) for n in NAMES), f"the variants {NAMES} are not listed")
+    wait_for(browser, lambda d: "tokens_per_s" in body_text(d), "the runs table shows no metric columns")
     text = body_text(browser)
     assert "/runs" in browser.current_url and "overview" not in browser.current_url  # not the GenAI overview
-    assert "Training runs" in text and "matching runs" in text  # the runs table
-    assert "Sort: latency_ms_median" in text  # sorted by a metric: the variants listed flat, fastest first
-    fastest_first = sorted(NAMES, key=sweep_links["medians"].get)  # as measured (tiny shapes: either may win)
-    assert text.index(fastest_first[0]) < text.index(fastest_first[1]), sweep_links["medians"]
-    browser.save_screenshot(str(shots / "mlflow_runs.png"))
+    assert "Model registry" in text and "Observability" not in text  # the classic side bar, not the GenAI one
+    assert "matching runs" in text and "Sort: latency_ms_median" in text  # the runs table, sorted by a metric
+    for column in ("latency_ms_median", "tokens_per_s", "parity_max_abs_diff", "status"):
+        assert column in text, column
+    fastest_first = sorted(NAMES, key=links["medians"].get)  # as measured (tiny shapes: either may win)
+    assert text.index(fastest_first[0]) < text.index(fastest_first[1]), links["medians"]
+    browser.save_screenshot(str(shots / ("mlflow_runs.png" if store == "server" else "mlflow_runs_local.png")))
 
 
 def test_the_sweep_link_shows_the_summary_table(sweep_links, browser, shots):

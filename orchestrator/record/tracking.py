@@ -19,6 +19,7 @@ from urllib.request import url2pathname
 from orchestrator.common.signals import Deferring
 from orchestrator.plan.config import TrackingCfg
 from orchestrator.record.journal import Journal, Sender
+from orchestrator.record.links import experiment_tags
 from orchestrator.record.store import (
     Store,
     check_reachable,
@@ -164,19 +165,23 @@ class Tracker:
         return self.connected()._experiment_id
 
     def _experiment(self, name: str, root: Path | None) -> str:
-        """The experiment's id, created when new; sweeps racing to create it on a server (the
-        lock covers sqlite only) take the winner's."""
+        """The experiment's id, created when new, with the tags the UI opens it by
+        (links.experiment_tags); sweeps racing to create it on a server (the lock covers sqlite
+        only) take the winner's."""
         from mlflow.exceptions import MlflowException
 
+        tags = experiment_tags()
         exp = self._client.get_experiment_by_name(name)
-        if exp is not None:
-            return exp.experiment_id
-        try:
-            return self._client.create_experiment(name, artifact_location=root.as_uri() if root else None)
-        except MlflowException as e:
-            if e.error_code != "RESOURCE_ALREADY_EXISTS" or (exp := self._client.get_experiment_by_name(name)) is None:
-                raise
-            return exp.experiment_id
+        if exp is None:
+            try:
+                return self._client.create_experiment(name, artifact_location=root.as_uri() if root else None, tags=tags)
+            except MlflowException as e:
+                if e.error_code != "RESOURCE_ALREADY_EXISTS" or (exp := self._client.get_experiment_by_name(name)) is None:
+                    raise
+        for key, value in tags.items():  # an experiment made before, or by hand
+            if exp.tags.get(key) != value:
+                self._client.set_experiment_tag(exp.experiment_id, key, value)
+        return exp.experiment_id
 
     # -- what earlier sweeps left ---------------------------------------------------------
     def search(self, filter_string: str) -> list[Any]:
