@@ -97,11 +97,11 @@ def test_fast_and_full_compose_give_identical_configs(hydra_loader, tmp_path):
 
 
 def test_a_key_is_taken_through_dicts_only_never_through_an_interpolation():
-    from orchestrator.plan.compose import _exists
+    from orchestrator.plan.combination import exists
 
     cfg = OmegaConf.create({"a": {"b": 1, "link": "${x}", "todo": "???", "seq": [{"c": 1}]}, "x": {"y": 2}})
-    assert _exists(cfg, "a.b") and _exists(cfg, "a.link") and _exists(cfg, "x.y")
-    assert not any(_exists(cfg, k) for k in ("a.link.y", "a.todo", "a.seq.0", "a.b.c", "a..b", "z"))
+    assert exists(cfg, "a.b") and exists(cfg, "a.link") and exists(cfg, "x.y")
+    assert not any(exists(cfg, k) for k in ("a.link.y", "a.todo", "a.seq.0", "a.b.c", "a..b", "z"))
 
 
 def test_a_key_the_combination_lacks_fails_as_hydra_fails(hydra_loader):
