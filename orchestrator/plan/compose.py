@@ -7,13 +7,20 @@ A combination that differs from the first (the reference) in several groups is t
 with each such group's node swapped in from a "star" (the reference but for that group),
 where Hydra's defaults lists show the swap is exact; otherwise Hydra composes it.
 Equal to Hydra's compose of every job: tests/test_compose.py.
+
+Two uses of Hydra beyond its app API, on the pinned hydra-core only (HYDRA_PINNED; listed in
+docs/architecture.md): its override parser, and the defaults list that
+ConfigLoader.compute_defaults_list returns (typed Any there). Off the pin, every job is
+composed by Hydra's public load_sweep_config, as Hydra's own launchers do, with a warning.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -25,6 +32,7 @@ from orchestrator.plan.combination import Combination, apply, has_interpolation,
 
 __all__ = ["JobConfigs"]
 
+HYDRA_PINNED = "1.3.8"  # pyproject.toml's hydra-core: the version whose parser and defaults list are read here
 GROUP, VALUE, FULL = "group", "value", "full"
 _NONE: tuple[tuple[Override, ...], tuple[str, ...], bool] = ((), (), False)  # no override of a group
 
@@ -33,6 +41,18 @@ def _dirname(overrides: Sequence[Override], exclude_keys: Sequence[str], item_se
     """hydra.job.override_dirname, as Hydra's compose writes it."""
     lines = sorted(o.input_line for o in overrides if o.key_or_group not in exclude_keys)
     return item_sep.join(lines).replace("=", kv_sep)
+
+
+def _on_pin() -> bool:
+    """hydra-core is HYDRA_PINNED; else a warning, once per sweep."""
+    version = metadata.version("hydra-core")
+    if version != HYDRA_PINNED:
+        warnings.warn(
+            f"hydra-core {version} is not {HYDRA_PINNED}, whose override parser and defaults list "
+            "orchestrator/plan/compose.py reads: every job of the sweep is composed by Hydra (slower planning)",
+            stacklevel=3,
+        )
+    return version == HYDRA_PINNED
 
 
 @dataclass(frozen=True)
@@ -49,7 +69,8 @@ class JobConfigs(Sequence[DictConfig]):
 
     def __init__(self, loader: Any, master: DictConfig, job_overrides: Sequence[Sequence[str]], first_job: int = 0):
         self.loader, self.master, self.first_job = loader, master, first_job
-        self._parser = OverridesParser.create()
+        self.fast = _on_pin()  # False: every job composed by Hydra
+        self._parser = OverridesParser.create() if self.fast else None
         self._parsed: dict[str, Override | None] = {}
         self._kind: dict[str, str] = {}
         self._combos: dict[tuple[str, ...], Combination] = {}
@@ -74,7 +95,7 @@ class JobConfigs(Sequence[DictConfig]):
         """GROUP: composed with its combination; VALUE: applied on top; FULL: the job is
         composed by Hydra in full. Decided once per distinct override text."""
         if line not in self._kind:
-            o = self._parse(line)
+            o = self._parse(line) if self.fast else None
             if o is None or o.is_sweep_override() or o.is_hydra_override() or o.package is not None:
                 kind = FULL
             elif self._group_exists(o.key_or_group):
