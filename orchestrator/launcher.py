@@ -81,12 +81,10 @@ def launch(launcher: LauncherState, job_overrides: Sequence[Sequence[str]], init
     )
 
     returns = []
+    task_name, working_dir = str(config.hydra.job.name), str(sweep_dir)  # read once, not per job
     for offset, job in enumerate(job_overrides):
         ret = JobReturn(  # cfg and hydra_cfg left None: Hydra reads neither from a launcher's returns
-            overrides=list(job),
-            working_dir=str(sweep_dir),
-            task_name=str(config.hydra.job.name),
-            status=JobStatus.COMPLETED,
+            overrides=list(job), working_dir=working_dir, task_name=task_name, status=JobStatus.COMPLETED
         )
         outcome = outcomes.get(offset)  # none in a dry run (it runs nothing), nor for an excluded point
         ret.return_value = outcome.status if outcome is not None else None
