@@ -145,7 +145,8 @@ class JobConfigs(Sequence[DictConfig]):
         return self._combos[key]
 
     def _compose_recorded(self, key: tuple[str, ...]) -> Combination:
-        """Composed by Hydra, with its defaults list (config_path, package, parent, is_self)."""
+        """Composed by Hydra, with its defaults list (config_path, package, parent, is_self):
+        on the pin only (the module's doc), as compute_defaults_list's result is typed Any."""
         overrides = [*self.master.hydra.overrides.hydra, *key]
         found = self.loader.compute_defaults_list(self.master.hydra.job.config_name, overrides, RunMode.RUN)
         defaults = [(d.config_path, d.package, d.parent, d.is_self) for d in found.defaults]

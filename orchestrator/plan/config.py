@@ -1,9 +1,10 @@
 """Config schemas, validated in the driver before any work starts.
 
-Each config group is merged onto a dataclass schema (types, unknown keys), then checked
-for allowed values, the phase against the model's dimensions, and each backend's options
-against the typed Options of its export format and runtime modules. Every error names the
-key, the value and what is allowed. Identical errors of many jobs are reported once.
+Each config group is made into its dataclass schema (types, unknown keys), once per distinct
+content, without OmegaConf where that gives the same (orchestrator.plan.convert). Then come
+the checks: allowed values, the phase against the model's dimensions, and each backend's
+options against the typed Options of its export format and runtime modules. Every error
+names the key, the value and what is allowed. Identical errors of many jobs are reported once.
 """
 
 from __future__ import annotations
