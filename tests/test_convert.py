@@ -7,6 +7,7 @@ converts otherwise fails here."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass, field
 
 import pytest
 from omegaconf import OmegaConf
@@ -96,3 +97,28 @@ def test_plain_sections_hold_what_omegaconf_reads(hydra_loader):
             obj = plain_object(_SCHEMAS[key], plain)
             assert obj is None or repr(obj) == by_omegaconf(key, plain), (jobs[idx], key)
     assert given > len(jobs) * 5, given  # interpolations and merges aside, every group is read plainly
+
+
+@dataclass
+class _Inner:
+    n: int = 1
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Odd:
+    keep: dict[str, int] = field(default_factory=lambda: {"a": 1})  # OmegaConf merges into it
+    inner: _Inner = field(default_factory=lambda: _Inner(n=5))  # defaults other than _Inner()'s
+    plain: _Inner = field(default_factory=_Inner)
+    f: float = 0.0
+
+
+def test_defaults_omegaconf_merges_into_are_left_to_it():
+    def by_omegaconf(data):
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(_Odd), data))
+
+    assert by_omegaconf({"keep": {"b": 2}}).keep == {"a": 1, "b": 2}
+    for data in ({"keep": {"b": 2}}, {"inner": {"tags": ["x"]}}):
+        assert plain_object(_Odd, data) is None, data
+    for data in ({"plain": {"n": 2}}, {"f": 3}, {}):
+        assert repr(plain_object(_Odd, data)) == repr(by_omegaconf(data)), data
