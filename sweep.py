@@ -9,6 +9,7 @@ once; a single run goes through the same orchestrator entry point and exit path 
 
 import faulthandler
 import signal
+import sys
 from pathlib import Path
 
 from tasks.worker.heap import manage_process
@@ -23,12 +24,14 @@ from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from orchestrator.entry import run_or_exit  # noqa: E402
-from orchestrator.launcher import grid_settings  # noqa: E402
+from orchestrator.help import fast_help  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="sweep")
 def main(cfg: DictConfig) -> None:
+    from orchestrator.entry import run_or_exit  # the driver's modules load for a run, not for --help
+    from orchestrator.launcher import grid_settings
+
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
     command = f"python sweep.py {' '.join(overrides)}"
@@ -39,4 +42,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    text = fast_help(sys.argv[1:], Path(__file__).resolve().parent / "conf", "sweep", Path(__file__).stem)
+    if text is None:
+        main()
+    else:
+        print(text)

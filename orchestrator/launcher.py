@@ -1,7 +1,8 @@
 """What phasesweep's Hydra launcher does (ray_launcher.py is the thin class Hydra instantiates):
 compose every job's config (plan/compose.py), hand the whole grid to the entry a single run
 uses (a planner that sees the whole grid deduplicates exports, places work and resumes),
-and return one JobReturn a job."""
+and return one JobReturn a job: its status and outcome, not its config (JobConfigs[i] composes
+it when asked; composing every job's to hand back would cost seconds at 10,000 jobs)."""
 
 from __future__ import annotations
 
@@ -54,33 +55,6 @@ def grid_settings(launcher: Any, loader: Any) -> dict[str, Any]:
     }
 
 
-class _JobReturn(JobReturn):
-    """A JobReturn whose cfg (and hydra_cfg) is composed when first read, not for every job."""
-
-    def __init__(self, configs: Sequence[DictConfig], idx: int, **kwargs: Any):
-        self._configs, self._idx, self._cfg = configs, idx, None
-        super().__init__(**kwargs)
-
-    @property  # type: ignore[override]
-    def cfg(self) -> DictConfig:
-        if self._cfg is None:
-            self._cfg = self._configs[self._idx]
-        return self._cfg
-
-    @cfg.setter
-    def cfg(self, value: DictConfig | None) -> None:
-        if value is not None:
-            self._cfg = value
-
-    @property  # type: ignore[override]
-    def hydra_cfg(self) -> DictConfig:
-        return self.cfg
-
-    @hydra_cfg.setter
-    def hydra_cfg(self, value: DictConfig | None) -> None:
-        pass
-
-
 def launch(launcher: LauncherState, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
     setup_globals()
     config, hydra_context = launcher.config, launcher.hydra_context
@@ -107,14 +81,10 @@ def launch(launcher: LauncherState, job_overrides: Sequence[Sequence[str]], init
     )
 
     returns = []
+    task_name, working_dir = str(config.hydra.job.name), str(sweep_dir)  # read once, not per job
     for offset, job in enumerate(job_overrides):
-        ret = _JobReturn(
-            configs,
-            offset,
-            overrides=list(job),
-            working_dir=str(sweep_dir),
-            task_name=str(config.hydra.job.name),
-            status=JobStatus.COMPLETED,
+        ret = JobReturn(  # cfg and hydra_cfg left None: Hydra reads neither from a launcher's returns
+            overrides=list(job), working_dir=working_dir, task_name=task_name, status=JobStatus.COMPLETED
         )
         outcome = outcomes.get(offset)  # none in a dry run (it runs nothing), nor for an excluded point
         ret.return_value = outcome.status if outcome is not None else None

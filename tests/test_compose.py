@@ -97,11 +97,11 @@ def test_fast_and_full_compose_give_identical_configs(hydra_loader, tmp_path):
 
 
 def test_a_key_is_taken_through_dicts_only_never_through_an_interpolation():
-    from orchestrator.plan.compose import _exists
+    from orchestrator.plan.combination import exists
 
     cfg = OmegaConf.create({"a": {"b": 1, "link": "${x}", "todo": "???", "seq": [{"c": 1}]}, "x": {"y": 2}})
-    assert _exists(cfg, "a.b") and _exists(cfg, "a.link") and _exists(cfg, "x.y")
-    assert not any(_exists(cfg, k) for k in ("a.link.y", "a.todo", "a.seq.0", "a.b.c", "a..b", "z"))
+    assert exists(cfg, "a.b") and exists(cfg, "a.link") and exists(cfg, "x.y")
+    assert not any(exists(cfg, k) for k in ("a.link.y", "a.todo", "a.seq.0", "a.b.c", "a..b", "z"))
 
 
 def test_a_key_the_combination_lacks_fails_as_hydra_fails(hydra_loader):
@@ -167,3 +167,29 @@ def test_errors_are_the_same_both_ways(hydra_loader, bad):
         validate_all(JobConfigs(loader, master, jobs), overrides)
     assert str(fast.value) == str(slow.value)
     assert "jobs: #" in str(fast.value)
+
+
+def test_hydra_is_the_version_whose_parser_and_defaults_list_compose_reads():
+    """An upgrade of hydra-core fails here first: check that the override parser and the defaults
+    list (docs/architecture.md, private uses) still read as compose.py reads them, then move the pin."""
+    from importlib import metadata
+
+    from orchestrator.plan.compose import HYDRA_PINNED
+    from tests.conftest import ROOT
+
+    assert f'"hydra-core=={HYDRA_PINNED}"' in (ROOT / "pyproject.toml").read_text()
+    assert metadata.version("hydra-core") == HYDRA_PINNED
+
+
+def test_off_the_pin_every_job_is_composed_by_hydra(hydra_loader, monkeypatch, tmp_path):
+    import orchestrator.plan.compose as compose
+
+    loader, master = hydra_loader
+    monkeypatch.setattr(compose.metadata, "version", lambda name: "0.0")
+    jobs = [["model=phi3", "phase=decode", "backend=executorch", "phase.batch=2"], ["model=llama", "phase.batch=3"]]
+    with pytest.warns(UserWarning, match="hydra-core 0.0 is not"):
+        configs = JobConfigs(loader, master, jobs)
+    assert configs.full_jobs == [0, 1] and configs.combinations == 0
+    for i, job in enumerate(jobs):
+        assert comparable(configs[i], tmp_path) == comparable(full_compose(loader, master, job, i), tmp_path)
+    assert [p.phase.batch for p in validate_all(configs, jobs)] == [2, 3]

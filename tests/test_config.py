@@ -121,11 +121,28 @@ def test_a_folder_or_name_the_store_cannot_take_fails_before_any_work(sweep_in_t
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def test_help_lists_every_group():
-    proc = subprocess.run([sys.executable, "sweep.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0
+def test_help_lists_every_group_as_hydras_own_help_does():
+    """`--help` alone is answered by orchestrator/help.py; with an override, by Hydra itself."""
+    ours, hydras = (
+        subprocess.run([sys.executable, "sweep.py", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        for argv in (["--help"], ["--help", "hydra.verbose=false"])
+    )
+    assert ours.returncode == hydras.returncode == 0, ours.stderr + hydras.stderr
     for group in GROUPS:
-        assert f"{group}:" in proc.stdout
+        assert f"{group}:" in ours.stdout
+    assert ours.stdout == hydras.stdout
+
+
+def test_fast_help_leaves_to_hydra_what_it_does_not_fill(tmp_path):
+    from orchestrator.help import fast_help
+
+    (tmp_path / "app.yaml").write_text("x: 1\nhydra:\n  help:\n    template: '$APP_CONFIG_GROUPS|$CONFIG'\n")
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "pg.yaml").write_text("port: 5432\n")
+    assert fast_help(["--help"], tmp_path, "app", "app") == "db: pg\n|x: 1\n"
+    assert fast_help(["--help", "x=2"], tmp_path, "app", "app") is None  # overrides: Hydra's
+    (tmp_path / "app.yaml").write_text("hydra:\n  help:\n    template: '$FLAGS_HELP'\n")
+    assert fast_help(["-h"], tmp_path, "app", "app") is None  # Hydra's own flags
 
 
 # -- typed backend options: each module's Options is the schema ---------------------------

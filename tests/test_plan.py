@@ -358,3 +358,28 @@ def test_export_keys_cover_the_tasks_source(tmp_path, monkeypatch):
     variant._tasks_source_hash.cache_clear()
     assert variant._tasks_source_hash() != here
     variant._tasks_source_hash.cache_clear()
+
+
+def test_an_export_key_is_the_digest_of_its_whole_identity():
+    """Export keys made from their parts' JSON texts (once per part, in a plan's memo) are the
+    digest of the whole identity as one json.dumps writes it: export caches stay valid."""
+    from orchestrator.plan import variant
+    from tasks.export import format_module
+
+    plan = plan_of(model="llama,phi3", phase="decode", backend="eager,onnxruntime,executorch")
+    for pv in plan.variants:
+        v = pv.variant
+        model = dataclasses.asdict(v.model)
+        model.pop("name")
+        model["checkpoint"] = variant._checkpoint_identity(v.model.checkpoint)
+        fmt = v.backend.export_format
+        whole = {
+            "model": model,
+            "phase": dataclasses.asdict(v.phase),
+            "format": fmt,
+            "options": v.backend.export_options,
+            "quality": variant._quality_identity(v.bench),
+            "versions": {lib: variant._version(lib) for lib in format_module(fmt).LIBRARIES},
+            "tasks": variant._tasks_source_hash(),
+        }
+        assert pv.export_key == variant._digest(whole) == dataclasses.replace(v).export_key, pv.name

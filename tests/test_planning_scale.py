@@ -41,7 +41,9 @@ def test_a_10k_variant_grid_dry_run_plans_in_seconds(sweep_in_tmp, tmp_path, cap
     monkeypatch.setattr(
         ConfigLoaderImpl, "load_sweep_config", lambda self, *a, **k: composed.append(a[1]) or compose(self, *a, **k)
     )
-    monkeypatch.setattr(orchestrator.plan.config, "_section", lambda cfg, key: converted.append(key) or section(cfg, key))
+    monkeypatch.setattr(
+        orchestrator.plan.config, "_section", lambda sections, i, key: converted.append(key) or section(sections, i, key)
+    )
     wall, cpu = time.perf_counter(), time.process_time()
     sweep_in_tmp("-m", *GRID_10K, "hydra.launcher.dry_run=true")
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu

@@ -7,35 +7,34 @@ A combination that differs from the first (the reference) in several groups is t
 with each such group's node swapped in from a "star" (the reference but for that group),
 where Hydra's defaults lists show the swap is exact; otherwise Hydra composes it.
 Equal to Hydra's compose of every job: tests/test_compose.py.
+
+Two uses of Hydra beyond its app API, on the pinned hydra-core only (HYDRA_PINNED; listed in
+docs/architecture.md): its override parser, and the defaults list that
+ConfigLoader.compute_defaults_list returns (typed Any there). Off the pin, every job is
+composed by Hydra's public load_sweep_config, as Hydra's own launchers do, with a warning.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
-from hydra.errors import ConfigCompositionException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException
+
+from orchestrator.plan.combination import Combination, apply, has_interpolation, set_plain
 
 __all__ = ["JobConfigs"]
 
+HYDRA_PINNED = "1.3.8"  # pyproject.toml's hydra-core: the version whose parser and defaults list are read here
 GROUP, VALUE, FULL = "group", "value", "full"
 _NONE: tuple[tuple[Override, ...], tuple[str, ...], bool] = ((), (), False)  # no override of a group
-
-
-def _apply(overrides: Sequence[Override], cfg: DictConfig) -> None:
-    """Plain `key=value` overrides of existing keys, applied as Hydra's compose applies them."""
-    for o in overrides:
-        try:
-            OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
-        except OmegaConfBaseException as e:
-            raise ConfigCompositionException(f"Error merging override {o.input_line}") from e
 
 
 def _dirname(overrides: Sequence[Override], exclude_keys: Sequence[str], item_sep: str, kv_sep: str) -> str:
@@ -44,87 +43,16 @@ def _dirname(overrides: Sequence[Override], exclude_keys: Sequence[str], item_se
     return item_sep.join(lines).replace("=", kv_sep)
 
 
-def _has_interpolation(obj: Any) -> bool:
-    if isinstance(obj, str):
-        return "${" in obj
-    if isinstance(obj, dict):
-        return any(_has_interpolation(k) or _has_interpolation(v) for k, v in obj.items())
-    if isinstance(obj, list | tuple):
-        return any(_has_interpolation(v) for v in obj)
-    return False
-
-
-def _exists(cfg: DictConfig, key: str) -> bool:
-    """`key` (dotted) names a node of `cfg` reached through dicts only."""
-    node: Any = cfg
-    for part in key.split("."):
-        if not isinstance(node, DictConfig) or not part or part not in node:
-            return False
-        node = None if OmegaConf.is_interpolation(node, part) else node[part]  # not followed, as Hydra resolves it
-    return True
-
-
-class _Combo:
-    """One combination of group overrides, composed by Hydra (its defaults list recorded when
-    it could be), or the reference with some groups swapped in from stars (`swaps`): then
-    its config is made only when asked for."""
-
-    def __init__(
-        self,
-        cfg: DictConfig | None,
-        defaults: list[tuple[Any, ...]] | None = None,
-        reference: _Combo | None = None,
-        swaps: dict[str, tuple[str, _Combo]] | None = None,  # group -> (option, its star)
-        task: list[str] | None = None,
-    ):
-        self._cfg, self.defaults = cfg, defaults
-        self.reference, self.swaps, self.task = reference, swaps or {}, task
-        source = cfg if cfg is not None else reference.cfg
-        self.top = tuple(str(k) for k in source)
-        self.choices = set(source.hydra.runtime.choices) if "hydra" in source else set()
-        self._fingerprints: dict[str, tuple[str, bool]] = {}
-        self._takes: dict[str, bool] = {}
-
-    @property
-    def cfg(self) -> DictConfig:
-        """Its config (the reference's copy with the swapped groups' nodes, when swapped)."""
-        if self._cfg is None:
-            cfg = copy.deepcopy(self.reference.cfg)
-            with open_dict(cfg):
-                for group, (option, star) in self.swaps.items():
-                    cfg[group] = copy.deepcopy(star.cfg[group])
-                    cfg.hydra.runtime.choices[group] = option
-                cfg.hydra.overrides.task = list(self.task)
-            self._cfg = cfg
-        return self._cfg
-
-    def _source(self, key: str) -> _Combo:
-        """The combination whose config holds this combination's node `key` (a dotted key)."""
-        top = key.split(".", 1)[0]
-        if top in self.swaps:
-            return self.swaps[top][1]
-        return self if self.reference is None else self.reference
-
-    def takes(self, key: str) -> bool:
-        """A value override of `key` can be applied on top: the combination has that key,
-        reached through dicts, and it is not a group."""
-        if key not in self._takes:
-            source = self._source(key)
-            self._takes[key] = key not in self.choices and (
-                source.takes(key) if source is not self else _exists(self.cfg, key)
-            )
-        return self._takes[key]
-
-    def fingerprint(self, key: str) -> tuple[str, bool]:
-        """(the top-level node `key`'s raw content as text, whether it holds an interpolation)."""
-        if key not in self._fingerprints:
-            source = self._source(key)
-            if source is not self:
-                self._fingerprints[key] = source.fingerprint(key)
-            else:
-                raw = OmegaConf.to_container(OmegaConf.masked_copy(self.cfg, [key]), resolve=False).get(key)
-                self._fingerprints[key] = (repr(raw), _has_interpolation(raw))
-        return self._fingerprints[key]
+def _on_pin() -> bool:
+    """hydra-core is HYDRA_PINNED; else a warning, once per sweep."""
+    version = metadata.version("hydra-core")
+    if version != HYDRA_PINNED:
+        warnings.warn(
+            f"hydra-core {version} is not {HYDRA_PINNED}, whose override parser and defaults list "
+            "orchestrator/plan/compose.py reads: every job of the sweep is composed by Hydra (slower planning)",
+            stacklevel=3,
+        )
+    return version == HYDRA_PINNED
 
 
 @dataclass(frozen=True)
@@ -141,13 +69,14 @@ class JobConfigs(Sequence[DictConfig]):
 
     def __init__(self, loader: Any, master: DictConfig, job_overrides: Sequence[Sequence[str]], first_job: int = 0):
         self.loader, self.master, self.first_job = loader, master, first_job
-        self._parser = OverridesParser.create()
+        self.fast = _on_pin()  # False: every job composed by Hydra
+        self._parser = OverridesParser.create() if self.fast else None
         self._parsed: dict[str, Override | None] = {}
         self._kind: dict[str, str] = {}
-        self._combos: dict[tuple[str, ...], _Combo] = {}
+        self._combos: dict[tuple[str, ...], Combination] = {}
         self._full: dict[int, DictConfig] = {}
         self._reference: tuple[tuple[str, ...], list[tuple[str, str]]] | None = None  # its key, (group, option)s
-        self._stars: dict[tuple[int, str], _Combo | None] = {}  # (position, override) -> its star, if swappable
+        self._stars: dict[tuple[int, str], Combination | None] = {}  # (position, override) -> its star, if swappable
         self._content_ids: dict[str, int] = {}  # a group's content as text -> a small number
         self._interp: dict[str, tuple[str, bool]] = {}  # override text -> (its top-level key, interpolates)
         self._groups: dict[str, set[str]] = {}  # parent group -> its groups
@@ -166,7 +95,7 @@ class JobConfigs(Sequence[DictConfig]):
         """GROUP: composed with its combination; VALUE: applied on top; FULL: the job is
         composed by Hydra in full. Decided once per distinct override text."""
         if line not in self._kind:
-            o = self._parse(line)
+            o = self._parse(line) if self.fast else None
             if o is None or o.is_sweep_override() or o.is_hydra_override() or o.package is not None:
                 kind = FULL
             elif self._group_exists(o.key_or_group):
@@ -200,7 +129,7 @@ class JobConfigs(Sequence[DictConfig]):
         for o in values:
             line = o.input_line
             if line not in self._interp:
-                self._interp[line] = (o.key_or_group.split(".", 1)[0], _has_interpolation(o.value()))
+                self._interp[line] = (o.key_or_group.split(".", 1)[0], has_interpolation(o.value()))
             top, interp = self._interp[line]
             mine, lines, any_interp = grouped.get(top, _NONE)
             grouped[top] = ((*mine, o), (*lines, line), any_interp or interp)
@@ -210,17 +139,18 @@ class JobConfigs(Sequence[DictConfig]):
         return self.loader.load_sweep_config(self.master, lines)
 
     # -- combinations ----------------------------------------------------------------------------
-    def _combo(self, key: tuple[str, ...]) -> _Combo:
+    def _combo(self, key: tuple[str, ...]) -> Combination:
         if key not in self._combos:
             self._combos[key] = self._make_combo(key)
         return self._combos[key]
 
-    def _compose_recorded(self, key: tuple[str, ...]) -> _Combo:
-        """Composed by Hydra, with its defaults list (config_path, package, parent, is_self)."""
+    def _compose_recorded(self, key: tuple[str, ...]) -> Combination:
+        """Composed by Hydra, with its defaults list (config_path, package, parent, is_self):
+        on the pin only (the module's doc), as compute_defaults_list's result is typed Any."""
         overrides = [*self.master.hydra.overrides.hydra, *key]
         found = self.loader.compute_defaults_list(self.master.hydra.job.config_name, overrides, RunMode.RUN)
         defaults = [(d.config_path, d.package, d.parent, d.is_self) for d in found.defaults]
-        return _Combo(self._compose(list(key)), defaults)
+        return Combination(self._compose(list(key)), defaults)
 
     def _group_exists(self, key: str) -> bool:
         parent, _, name = key.rpartition("/")
@@ -239,7 +169,7 @@ class JobConfigs(Sequence[DictConfig]):
             out.append((o.key_or_group, o.value()))
         return out
 
-    def _make_combo(self, key: tuple[str, ...]) -> _Combo:
+    def _make_combo(self, key: tuple[str, ...]) -> Combination:
         choices = self._choices(key)
         if self._reference is None:
             combo = self._compose_recorded(key)
@@ -256,9 +186,9 @@ class JobConfigs(Sequence[DictConfig]):
         if any(star is None for star in stars):
             return self._compose_recorded(key)
         swaps = {choices[i][0]: (choices[i][1], star) for i, star in zip(differ, stars, strict=True)}
-        return _Combo(None, reference=self._combos[ref_key], swaps=swaps, task=list(key))
+        return Combination(None, reference=self._combos[ref_key], swaps=swaps, task=list(key))
 
-    def _star(self, i: int, line: str) -> _Combo | None:
+    def _star(self, i: int, line: str) -> Combination | None:
         """The combination that differs from the reference in its i-th override alone (`line`
         there), composed by Hydra; None when swapping that group's node in is not exact."""
         if (i, line) not in self._stars:
@@ -269,7 +199,7 @@ class JobConfigs(Sequence[DictConfig]):
         return self._stars[i, line]
 
     @staticmethod
-    def _swappable(group: str, ref: _Combo, star: _Combo) -> bool:
+    def _swappable(group: str, ref: Combination, star: Combination) -> bool:
         """The star's defaults list is the reference's but for the group's one entry, a leaf
         at the group's own top-level package; its other groups' nodes and its choices but the
         group's are the reference's."""
@@ -318,7 +248,7 @@ class JobConfigs(Sequence[DictConfig]):
             cfg = self._full[idx]
         else:
             cfg = copy.deepcopy(self._combos[job.combo].cfg)
-            _apply(job.values, cfg)
+            apply(job.values, cfg)
             self._hydra_fields(cfg, job)
         with open_dict(cfg):
             cfg.hydra.job.id = cfg.hydra.job.num = self.first_job + idx
@@ -364,6 +294,19 @@ class JobConfigs(Sequence[DictConfig]):
                 out.append((key, content, lines))
         return tuple(out)
 
+    def plain_section(self, idx: int, key: str) -> dict[str, Any] | None:
+        """Job idx's group `key` as plain content with the job's overrides of it set (what
+        read_section's node holds); None where OmegaConf or Hydra must read it: a job
+        composed in full, an interpolation, an override that merges."""
+        job = self.jobs[idx]
+        if job.combo is None:
+            return None
+        combo = self._combos[job.combo]
+        mine, _, interp = job.by_group.get(key, _NONE)
+        if key not in combo.top or combo.fingerprint(key)[1] or interp:
+            return None
+        return set_plain(combo.raw(key), [(o.key_or_group.split(".")[1:], o.value()) for o in mine])
+
     def read_section(self, idx: int, key: str) -> DictConfig:
         """A config whose node `key` is job idx's: the group alone with the job's overrides of
         it applied as Hydra applies them (when its content holds no interpolation, nothing
@@ -375,8 +318,7 @@ class JobConfigs(Sequence[DictConfig]):
         mine, _, interp = job.by_group.get(key, _NONE)
         if combo.fingerprint(key)[1] or interp:
             return self[idx]
-        source = combo._source(key)
-        root = OmegaConf.create({key: copy.deepcopy(source.cfg[key])} if key in combo.top else {})
+        root = OmegaConf.create({key: copy.deepcopy(combo.node(key))} if key in combo.top else {})
         OmegaConf.set_struct(root, True)
-        _apply(mine, root)
+        apply(mine, root)
         return root

@@ -1,22 +1,23 @@
 """Config schemas, validated in the driver before any work starts.
 
-Each config group is merged onto a dataclass schema (types, unknown keys), then checked
-for allowed values, the phase against the model's dimensions, and each backend's options
-against the typed Options of its export format and runtime modules. Every error names the
-key, the value and what is allowed. Identical errors of many jobs are reported once.
+Each config group is made into its dataclass schema (types, unknown keys), once per distinct
+content, without OmegaConf where that gives the same (orchestrator.plan.convert). Then come
+the checks: allowed values, the phase against the model's dimensions, and each backend's
+options against the typed Options of its export format and runtime modules. Every error
+names the key, the value and what is allowed. Identical errors of many jobs are reported once.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from omegaconf import DictConfig
 
 from orchestrator.plan.checks import EXPERIMENT_NAME_MAX, check_bench, safe_name, typed
+from orchestrator.plan.convert import merged, plain_object
 from tasks.export import format_module
 from tasks.model.checkpoint import read_checkpoint
 from tasks.model.families import FAMILIES, check_attention, graph_scalings, model_dims
@@ -180,25 +181,12 @@ _SCHEMAS = {
 }
 
 
-def _section(cfg: DictConfig, key: str) -> Any:
-    schema = _SCHEMAS[key]
-    if key not in cfg or cfg[key] is None:
-        raise ConfigError(f"config group '{key}' is missing; choose one from conf/{key}/")
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), cfg[key])
-        obj = OmegaConf.to_object(merged)
-    except ConfigKeyError as e:
-        where = e.full_key or e.key  # a nested group's key in full: phase.capture.select
-        parent = OmegaConf.select(OmegaConf.structured(schema), where.rpartition(".")[0]) if "." in where else None
-        names = list(parent) if parent is not None else [f.name for f in fields(schema)]
-        raise ConfigError(f"{key}.{where} is not a known key; allowed keys: {', '.join(names)}") from None
-    except OmegaConfBaseException as e:
-        where = e.full_key or e.key
-        value = OmegaConf.select(cfg, f"{key}.{where}", default=None) if where else None
-        msg = str(e).splitlines()[0]
-        raise ConfigError(f"{key}.{where}={value!r}: {msg}") from None
-    assert is_dataclass(obj)
-    return obj
+def _section(sections: Sections, idx: int, key: str) -> Any:
+    """Job idx's group `key` as its schema's dataclass: made from its plain content where that
+    is exactly what OmegaConf makes, else by OmegaConf, whose errors name the key and value."""
+    plain = sections.plain_section(idx, key)
+    obj = plain_object(_SCHEMAS[key], plain) if plain is not None else None
+    return obj if obj is not None else merged(sections.read_section(idx, key), key, _SCHEMAS[key])
 
 
 # the checks of one group's content alone, in the order validate() makes them
@@ -215,13 +203,16 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
 class Sections(Protocol):
     """A sweep's jobs read by group (orchestrator.plan.compose.JobConfigs): `section_keys(i, keys)`
     gives, for each top-level key, a key equal for two jobs whose group has equal content;
-    `read_section(i, key)` a config whose `key` is job i's group."""
+    `read_section(i, key)` a config whose `key` is job i's group; `plain_section(i, key)` that
+    group as plain dicts and lists when it holds no interpolation, else None."""
 
     def top_keys(self, idx: int) -> tuple[str, ...]: ...
 
     def section_keys(self, idx: int, keys: Sequence[str]) -> tuple[Hashable, ...]: ...
 
     def read_section(self, idx: int, key: str) -> DictConfig: ...
+
+    def plain_section(self, idx: int, key: str) -> dict[str, Any] | None: ...
 
 
 class _Each:
@@ -238,6 +229,9 @@ class _Each:
 
     def read_section(self, idx: int, key: str) -> DictConfig:
         return self.configs[idx]
+
+    def plain_section(self, idx: int, key: str) -> dict[str, Any] | None:
+        return None  # one config, or a test's list: read by OmegaConf
 
 
 class _Validator:
@@ -271,9 +265,7 @@ class _Validator:
         parts = {}
         for key in _SCHEMAS:
             if keys[key] not in self.converted:
-                self.converted[keys[key]] = self._outcome(
-                    lambda key=key: _section(self.sections.read_section(idx, key), key)
-                )
+                self.converted[keys[key]] = self._outcome(lambda key=key: _section(self.sections, idx, key))
             parts[key] = self.converted[keys[key]]
             if isinstance(parts[key], ConfigError):
                 raise parts[key]

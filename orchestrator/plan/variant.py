@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from functools import cache, cached_property, lru_cache
 from importlib import metadata
@@ -79,8 +80,53 @@ def _name_tag(export_format: str) -> Any:
     return getattr(format_module(export_format), "name_tag", None)
 
 
+def _model_identity(model: ModelSpec) -> dict[str, Any]:
+    """What of the model changes an export: all but a preset's label, a checkpoint by its files."""
+    identity = asdict(model)
+    identity.pop("name")
+    identity["checkpoint"] = _checkpoint_identity(model.checkpoint)
+    return identity
+
+
+def _export_texts(backend: BackendCfg) -> dict[str, str]:
+    """The parts of an export key a backend decides, each as its JSON text (_json)."""
+    fmt = backend.export_format
+    return {
+        "format": _json(fmt),
+        # the format's options only: eager and compile (format none) share one entry
+        "options": _json(backend.export_options),
+        "versions": _json({lib: _version(lib) for lib in format_module(fmt).LIBRARIES}),
+        "tasks": _json(_tasks_source_hash()),
+    }
+
+
+def _export_key(model: str, phase: str, backend: dict[str, str], quality: str) -> str:
+    """Variant.export_key from its parts' JSON texts: the model's _model_identity, the phase's
+    fields, the backend's _export_texts, the bench's _quality_identity (its inputs and
+    reference are in the entry)."""
+    return _digest_texts({**backend, "model": model, "phase": phase, "quality": quality})
+
+
+def _json(obj: Any) -> str:
+    if type(obj) is str:  # a key of the export key's dict, or a format's name: its text made once
+        return _json_str(obj)
+    return json.dumps(obj, sort_keys=True, default=str)
+
+
+@cache
+def _json_str(text: str) -> str:
+    return json.dumps(text)
+
+
+def _digest_texts(texts: dict[str, str]) -> str:
+    """_digest of a dict given as its values' JSON texts: the text json.dumps writes of the
+    dict itself, made without encoding the values again (tests/test_plan.py)."""
+    body = ", ".join(f"{_json(key)}: {texts[key]}" for key in sorted(texts))
+    return hashlib.sha256(f"{{{body}}}".encode()).hexdigest()
+
+
 def _digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(_json(obj).encode()).hexdigest()
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -119,6 +165,7 @@ class Memo:
         self._flat: dict[int, tuple[Any, dict[str, Any]]] = {}
         self._export_keys: dict[tuple[int, ...], tuple[tuple[Any, ...], str]] = {}
         self._digests: dict[int, tuple[Any, str]] = {}
+        self._texts: dict[int, tuple[Any, Any]] = {}  # part id -> (the part, what its export key reads of it)
 
     def _flatten(self, obj: Any, prefix: str) -> dict[str, Any]:
         if id(obj) not in self._flat:
@@ -139,11 +186,22 @@ class Memo:
             params.update(self._flatten(part, prefix))
         v.__dict__["params"] = params
         key = (id(v.model), id(v.phase), id(v.backend), id(v.bench))  # bench: its quality settings
-        if key in self._export_keys:
-            v.__dict__["export_key"] = self._export_keys[key][1]
-        else:
-            self._export_keys[key] = ((*parts[:3], parts[4]), v.export_key)
+        if key not in self._export_keys:
+            texts = (
+                self._text(v.model, lambda m: _json(_model_identity(m))),
+                self._text(v.phase, lambda p: _json(asdict(p))),
+                self._text(v.backend, _export_texts),
+                self._text(v.bench, lambda b: _json(_quality_identity(b))),
+            )
+            self._export_keys[key] = ((*parts[:3], parts[4]), _export_key(*texts))
+        v.__dict__["export_key"] = self._export_keys[key][1]
         return v
+
+    def _text(self, part: Any, make: Callable[[Any], Any]) -> Any:
+        """What `make` gives for `part`, made once per part object."""
+        if id(part) not in self._texts:
+            self._texts[id(part)] = (part, make(part))
+        return self._texts[id(part)][1]
 
     def identity(self, v: Variant) -> tuple[str, ...]:
         """What v.identity() tells apart, faster: each part's params digested once per part
@@ -234,21 +292,11 @@ class Variant:
     @cached_property
     def export_key(self) -> str:
         """Hash of everything that changes the exported artifact, its inputs and reference."""
-        fmt = self.backend.export_format
-        model = asdict(self.model)
-        model.pop("name")  # a preset's label does not change the graph
-        model["checkpoint"] = _checkpoint_identity(self.model.checkpoint)
-        return _digest(
-            {
-                "model": model,
-                "phase": asdict(self.phase),
-                "format": fmt,
-                # the format's options only: eager and compile (format none) share one entry
-                "options": self.backend.export_options,
-                "quality": _quality_identity(self.bench),  # its inputs and reference are in the entry
-                "versions": {lib: _version(lib) for lib in format_module(fmt).LIBRARIES},
-                "tasks": _tasks_source_hash(),
-            }
+        return _export_key(
+            _json(_model_identity(self.model)),
+            _json(asdict(self.phase)),
+            _export_texts(self.backend),
+            _json(_quality_identity(self.bench)),
         )
 
     @cached_property
