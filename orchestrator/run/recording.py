@@ -15,7 +15,7 @@ from orchestrator.common.outcome import Outcome
 from orchestrator.plan.planner import Plan
 from orchestrator.plan.variant import Variant
 from orchestrator.record.tracking import Tracker
-from tasks.export import _anatomy as anatomy
+from tasks.measure import anatomy
 from tasks.phases import label
 from tasks.specs import BenchResult, ExportResult, Failure
 

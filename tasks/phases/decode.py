@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tasks.export._anatomy import bytes_read_per_step
+from tasks.measure.anatomy import bytes_read_per_step
 from tasks.phases._common import PhaseData, check_span, synthetic_only, tokens
 from tasks.specs import (
     CONTEXT,
@@ -231,7 +231,7 @@ def extra_metrics(
 ) -> dict[str, float]:
     """Bytes one decode step moves, per second of median latency (and its fraction of the
     device's peak, if known). Counted as the graph is exported:
-    - weights: with an artifact, its constants as stored (tasks/export/_anatomy.py: packed
+    - weights: with an artifact, its constants as stored (tasks/measure/anatomy.py: packed
       int4 and its scales at their bytes), each read once, except the tables read by row
       (an embedding, a rotary cache), of which a step reads its B rows; without one (eager,
       compile), every parameter at the model dtype, an untied input embedding's B rows only
