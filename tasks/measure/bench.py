@@ -21,7 +21,7 @@ CONFIDENCE = 0.95  # of the median's interval, in the stopping rule and the stat
 CHECK_GROWTH = 0.10  # the stopping rule is checked each time the sample count grew by 10%
 # The machine's own speed, probed between timed calls: PROBE_CALLS runs of a fixed Python loop
 # every PROBE_EVERY_NS. A virtual core's speed can change for seconds with no counter showing
-# it; the probe's spread says so within a run, its median between runs (orchestrator/read/compare).
+# it; the probe's spread says so within a run, its median between runs (orchestrator/read/verdict_table.py).
 PROBE_EVERY_NS = 50_000_000
 PROBE_CALLS = 3
 PROBE_LOOP = 2_000  # iterations of the probe loop
