@@ -13,10 +13,10 @@ PALETTE = ("C0", "C1", "C2", "C4", "C5", "C6", "C8", "C9")  # no red: red marks 
 
 
 def pyplot():
-    import matplotlib
+    import matplotlib  # lazy: matplotlib, only once a plot is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib, only once a plot is drawn
 
     return plt
 
@@ -42,7 +42,7 @@ def spans_decade(values: list[float]) -> bool:
 
 def log_axis(axis, values: list[float]) -> None:
     """A log axis with plain-number ticks (1, 2, 5, 10, ...), readable without exponents."""
-    import matplotlib.ticker as mt
+    import matplotlib.ticker as mt  # lazy: matplotlib, only once a plot is drawn
 
     if axis is axis.axes.xaxis:
         axis.axes.set_xscale("log")
@@ -60,7 +60,7 @@ def pad_log_limits(set_lim, values: list[float], factor: float = 1.6) -> None:
 
 
 def save(fig, path: Path) -> bool:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib, only once a plot is drawn
 
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)

@@ -37,7 +37,7 @@ def quality_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     if not panels:
         return False
     plt = pyplot()
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter  # lazy: matplotlib, only once a plot is drawn
 
     keys = sorted(panels)
     ncols = 1 if len(keys) == 1 else 2

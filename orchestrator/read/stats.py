@@ -79,7 +79,7 @@ def compare_samples(
 ) -> dict[str, Any]:
     """One variant, samples in timed order: ratio of medians (candidate / baseline), its
     block-bootstrap interval, the Mann-Whitney U p of the blocks' medians, and the uncorrected verdict."""
-    from scipy.stats import mannwhitneyu
+    from scipy.stats import mannwhitneyu  # lazy: scipy, only for a verdict
 
     a = np.asarray(baseline_ns, dtype=np.float64)
     b = np.asarray(candidate_ns, dtype=np.float64)
@@ -118,7 +118,7 @@ def compare_paired(pair: Mapping[str, Any], min_effect: float = 0.05, alpha: flo
     """One variant re-measured interleaved (tasks/paired.py): the median of its per-round ratios
     candidate / baseline with their distribution-free interval, and a sign test's p that the
     rounds' ratios sit above 1 as often as below."""
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest  # lazy: scipy, only for a verdict
 
     ratios = np.asarray(pair["ratios"], dtype=np.float64)
     above, below = int((ratios > 1).sum()), int((ratios < 1).sum())

@@ -9,6 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from orchestrator.read.draw import (
     MEDIAN,
     PALETTE,
@@ -51,7 +53,7 @@ def context_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     if not models:
         return False
     plt = pyplot()
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # lazy: matplotlib, only once a plot is drawn
 
     fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.6 * len(models) + 0.6), squeeze=False)
     for (model, rs), (ax_lat, ax_tok) in zip(models.items(), axes, strict=False):
@@ -140,8 +142,7 @@ def speedup_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     labels, backends, cells = speedups(rows)
     if not cells:
         return False
-    import matplotlib.colors as mc
-    import numpy as np
+    import matplotlib.colors as mc  # lazy: matplotlib, only once a plot is drawn
 
     plt = pyplot()
     grid = np.full((len(labels), len(backends)), np.nan)
@@ -238,7 +239,7 @@ def memory_plot(rows: list[dict[str, Any]], path: Path) -> bool:
         ax.set_ylabel("median latency per call, ms" + (" (log)" if spans_decade(ys) else ""))
         ax.set_title(f"Latency against {titles[metric]}", fontsize=11, loc="left")
         ax.grid(alpha=0.3, which="major")
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # lazy: matplotlib, only once a plot is drawn
 
     handles = [Line2D([], [], ls="", marker="o", color=colors[b], label=b) for b in backends]
     handles += [Line2D([], [], ls="", marker=markers[s], color="grey", label=f"{s[0]} · {s[1]}") for s in shapes]

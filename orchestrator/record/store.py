@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,9 +35,6 @@ def check_reachable(uri: str) -> None:
     """A tracking server must answer /health: a one-line error naming it, not MLflow's retries."""
     if not is_server(uri):
         return
-    import urllib.error
-    import urllib.request
-
     try:
         urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REACH_TIMEOUT_S).read()
     except urllib.error.HTTPError as e:
@@ -68,7 +68,7 @@ def refused(uri: str, status: int) -> str:
 @contextmanager
 def credentials_checked(uri: str) -> Iterator[None]:
     """A 401/403 from MLflow inside becomes refused()'s ConfigError; other errors pass unchanged."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # lazy: mlflow, only once a store is opened
 
     try:
         yield
@@ -119,8 +119,6 @@ def store_lock(uri: str) -> Iterator[None]:
     if not uri.startswith("sqlite:///"):
         yield
         return
-    import fcntl
-
     lock = Path(uri.removeprefix("sqlite:///") + ".lock")
     try:
         f = lock.open("a")

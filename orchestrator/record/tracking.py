@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -57,7 +58,7 @@ def existing_runs(cfg: TrackingCfg) -> dict[str, list[str]]:
         return {}
     check_reachable(uri)
     quick_http()
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # lazy: mlflow, only once a store is opened
 
     client = MlflowClient(tracking_uri=uri)
     with credentials_checked(uri):
@@ -76,8 +77,6 @@ def existing_runs(cfg: TrackingCfg) -> dict[str, list[str]]:
 def journal_path(cfg: TrackingCfg) -> Path:
     """This sweep's journal of writes to a server: in tracking.journal_dir, else .phasesweep_journal
     here, or in the system temp folder when here is a Ray job's working folder (deleted after it)."""
-    import tempfile
-
     if cfg.journal_dir:
         folder = Path(cfg.journal_dir).expanduser()
     elif RAY_JOB_ENV in os.environ:
@@ -90,7 +89,7 @@ def journal_path(cfg: TrackingCfg) -> Path:
 
 def apply(client: Any, op: str, args: list[Any]) -> None:
     """One journaled write (orchestrator/record/journal.py) on an MLflow client."""
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param, RunTag  # lazy: mlflow, only once a store is opened
 
     if op == "log":
         run_id, m, p, t = args
@@ -185,7 +184,7 @@ class Tracker:
     def _experiment(self, name: str, root: Path | None) -> str:
         """The experiment's id, created when new; sweeps racing to create it on a server (the
         lock covers sqlite only) take the winner's."""
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import MlflowException  # lazy: mlflow, only once a store is opened
 
         exp = self._client.get_experiment_by_name(name)
         if exp is not None:

@@ -3,10 +3,12 @@ cluster; end it. Only public Ray switches, but one guarded fallback for a Ray im
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -44,7 +46,7 @@ def import_ray_on_loopback() -> Any:
     for key, value in LOCAL_ENV.items():
         os.environ.setdefault(key, value)
     already = "ray" in sys.modules
-    import ray
+    import ray  # lazy: ray, only once a run starts
 
     if already:  # imported before LOCAL_ENV was set (a notebook's): its switches are set directly
         ray_constants, config = imported_ray_switches()
@@ -65,8 +67,8 @@ def imported_ray_switches() -> tuple[Any, Any]:
     """Ray's private holders of LOCAL_ENV's switches (tests/test_ray_session.py checks them on
     the installed Ray): ray_constants.ENABLE_RAY_CLUSTER and the C++ config's initialize."""
     try:
-        from ray._private import ray_constants
-        from ray._raylet import Config
+        from ray._private import ray_constants  # lazy: Ray's private switches, only when Ray came first
+        from ray._raylet import Config  # lazy: Ray's private switches, only when Ray came first
 
         if hasattr(ray_constants, "ENABLE_RAY_CLUSTER") and callable(getattr(Config, "initialize", None)):
             return ray_constants, Config
@@ -80,8 +82,6 @@ def check_reachable(address: str) -> None:
     """A cluster address must answer within seconds (ray.init would wait for minutes): the
     head's GCS port for host:port and ray://host:port, the address this machine's running
     cluster recorded for "auto"."""
-    import socket
-
     where = address
     if address == "auto":
         where = os.environ.get("RAY_ADDRESS", "")
@@ -107,7 +107,7 @@ def check_reachable(address: str) -> None:
 def start(cluster: ClusterCfg, cap: Capacity) -> reaper.Watchdog | None:
     """Start a local Ray offering `cap` (cluster.address unset) or join the cluster. Returns the
     local Ray's watchdog, which ends what of it outlives the driver (orchestrator/run/reaper.py)."""
-    import ray
+    import ray  # lazy: ray, only once a run starts
 
     sigterm = signal.getsignal(signal.SIGTERM)
     common = {"log_to_driver": False, "logging_level": "warning", "configure_logging": True}
@@ -175,8 +175,6 @@ def temp_folder() -> str:
 def one_start_at_a_time() -> Iterator[None]:
     """Local Rays started at once on one machine start one at a time (each start's raylet has a
     fixed 30 s to register): an exclusive lock on a file in the temp folder, freed if the driver dies."""
-    import fcntl
-
     try:
         f = (Path(tempfile.gettempdir()) / START_LOCK).open("a")
     except OSError:  # no lock to be had: start unlocked
