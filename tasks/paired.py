@@ -21,7 +21,10 @@ from typing import Any
 import numpy as np
 
 from tasks.measure.bench import median_ci_ranks, probe, wall_clock, warm_up
+from tasks.measure.machine import benchmark_cores, die_with_parent
+from tasks.runtimes import runtime_module
 from tasks.specs import BenchSpec, Failure
+from tasks.worker.entries import load_export
 
 SIDES = ("baseline", "candidate")
 
@@ -81,10 +84,6 @@ def decided(ci: tuple[float, float], min_effect: float) -> bool:
 
 def _side_main(conn: Any, spec: BenchSpec) -> None:
     """A side's process: load, first call, warm-up, then time blocks on request."""
-    from tasks.measure.machine import benchmark_cores, die_with_parent
-    from tasks.runtimes import runtime_module
-    from tasks.worker.entries import load_export
-
     die_with_parent()
     try:
         benchmark_cores(spec.device, spec.bench.threads)  # pinned before loading: thread pools inherit it

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from tasks.model.models import build_model
+from tasks.model.tensors import dtype_name, to_numpy
 from tasks.phases._calls import KINDS, distinct_calls, parse_app, select
 from tasks.phases._recorder import Clock, Recorder, Refused, hooked
 from tasks.specs import CaptureResult, CaptureSpec, ConfigError, Failure, PhaseSpec
@@ -77,8 +79,6 @@ def _inputs(recorder: Recorder, call: dict[str, Any], steps: int) -> dict[str, n
     """The arrays a kept call is replayed from: a decode call's `steps` tokens are its own and
     those the application fed next (fewer near the loop's end: tasks/phases/captured.py
     continues them with the reference's greedy picks)."""
-    from tasks.model.tensors import dtype_name, to_numpy
-
     seq = recorder.order[call["sequence"]]
     at = seq.calls.index(call["call"])
     if call["kind"] == "prefill":
@@ -158,10 +158,9 @@ def capture_job(spec: CaptureSpec) -> CaptureResult:
     then time it `capture.timed_runs` times."""
     result = CaptureResult(key=spec.key, ok=False)
     try:
-        import torch
+        import torch  # lazy: torch, only in a job's process
 
-        from tasks.model.models import build_model
-
+    
         app = load_app(spec)
         if spec.threads:
             torch.set_num_threads(spec.threads)

@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
@@ -94,7 +95,7 @@ def _child(conn: Connection, job: bytes, listener: socket.socket, others: Iterab
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         try:
-            import numpy as np
+            import numpy as np  # lazy: a fork server imports only its role's modules
 
             np.random.seed(int.from_bytes(os.urandom(4), "little"))  # as a spawned process draws its own
         except ImportError:
@@ -108,8 +109,6 @@ def _child(conn: Connection, job: bytes, listener: socket.socket, others: Iterab
         conn.close()
         code = 0
     except BaseException:  # noqa: BLE001 - the client sees the exit status
-        import traceback
-
         traceback.print_exc()
         code = 1
     os._exit(code)
