@@ -25,7 +25,6 @@ class PhaseData:
     dtypes: dict[str, str] = field(default_factory=dict)  # inputs whose numpy form is not their dtype (bfloat16)
 
     def example_args(self) -> tuple[torch.Tensor, ...]:
-    
         return tuple(to_torch(a, self.dtypes.get(n)) for n, a in self.feeds.items() if n != CONTEXT)
 
     def shapes(self) -> dict[str, list[int]]:
