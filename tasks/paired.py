@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from tasks.measure.bench import median_ci_ranks, probe, wall_clock, warm_up
+from tasks.measure.bench import probe, wall_clock, warm_up
+from tasks.measure.effect import band, side
+from tasks.measure.latency import median_ci_ranks
 from tasks.measure.machine import benchmark_cores, die_with_parent
 from tasks.runtimes import runtime_module
 from tasks.specs import BenchSpec, Failure
@@ -78,8 +80,7 @@ def ratio_interval(ratios: list[float]) -> tuple[float, tuple[float, float] | No
 
 def decided(ci: tuple[float, float], min_effect: float) -> bool:
     """The interval lies wholly beyond 1 +- min_effect (slower or faster) or wholly within it (same)."""
-    low, high = ci
-    return low > 1 + min_effect or high < 1 - min_effect or (1 - min_effect <= low and high <= 1 + min_effect)
+    return side(ci, *band(min_effect)) != "across"
 
 
 def _side_main(conn: Any, spec: BenchSpec) -> None:

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from tasks.measure.effect import band, side
+
 BLOCKS = 20  # contiguous blocks per run: the unit of the bootstrap and of the rank test
 SKETCH = 101  # quantiles kept per block
 VERDICTS = ("slower", "faster", "same", "inconclusive")
@@ -47,13 +49,10 @@ def verdict(
     `same`: within [1 - min_effect, 1 + min_effect]; slower/faster need the interval beyond
     `call` (default min_effect) and beyond the machine's own `speed` change by min_effect."""
     call = min_effect if call is None else call
-    if ci_low > max(1 + call, speed * (1 + min_effect)) and p < alpha:
-        return "slower"
-    if ci_high < min(1 - call, speed * (1 - min_effect)) and p < alpha:
-        return "faster"
-    if 1 - min_effect <= ci_low and ci_high <= 1 + min_effect:
-        return "same"
-    return "inconclusive"
+    called = side((ci_low, ci_high), min(1 - call, speed * (1 - min_effect)), max(1 + call, speed * (1 + min_effect)))
+    if called in ("above", "below") and p < alpha:
+        return "slower" if called == "above" else "faster"
+    return "same" if side((ci_low, ci_high), *band(min_effect)) == "within" else "inconclusive"
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
