@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -18,27 +17,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from orchestrator.common.ray_env import LOCAL_ENV, socket_safe
 from orchestrator.plan.config import ClusterCfg, ConfigError
 from orchestrator.plan.placement import BENCH_RESOURCE, Capacity
 from orchestrator.run import reaper
 
 log = logging.getLogger("phasesweep")
 
-# A local Ray's environment, read by Ray at import: its node IP stays on loopback (with
-# _node_ip_address alone Ray resolves 127.0.0.1 to the routable IP), token auth, no usage stats
-# and workers at niceness 0 (Ray's default 15 lets any other process on the machine preempt a capture or benchmark)
-LOCAL_ENV = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_AUTH_MODE": "token",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_worker_niceness": "0",
-}
 LOCAL_START_ATTEMPTS = 3  # a raylet on a busy machine can miss Ray's fixed 30 s to register
 START_LOCK = "phasesweep-ray-start.lock"  # in the temp folder: one local start at a time per machine
 REACH_TIMEOUT_S = 10.0
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-SOCKET_PATH_MAX = 107  # AF_UNIX; Ray's sockets lie under <temp folder>/session_<date>_<pid>/sockets/
-RAY_SOCKET_TAIL = len("/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store")
 
 
 def import_ray_on_loopback() -> Any:
@@ -53,14 +42,6 @@ def import_ray_on_loopback() -> Any:
         ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] not in ("0", "false")
         config.initialize("")  # re-reads RAY_AUTH_MODE, which the GCS this driver starts inherits
     return ray
-
-
-def ensure_auth_token() -> None:
-    """The token a Ray started outside ray.init needs (`ray start`, a test's cluster; ray.init
-    makes its own): ~/.ray/auth_token, made by Ray's CLI when there is none."""
-    ray_cli = Path(sys.executable).with_name("ray")
-    env = {**os.environ, **LOCAL_ENV}
-    subprocess.run([str(ray_cli), "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
 
 
 def imported_ray_switches() -> tuple[Any, Any]:
@@ -163,10 +144,7 @@ def start_local(init: Callable[[str], Any], attempts: int = LOCAL_START_ATTEMPTS
 def temp_folder() -> str:
     """A new folder for a local Ray's files (its sessions, logs, sockets), in a per-user folder
     of the machine's temp folder, or of /tmp where that is too long for Ray's socket paths."""
-    for base in (tempfile.gettempdir(), "/tmp"):
-        root = Path(base) / f"phasesweep-ray-{os.getuid()}"
-        if len(str(root)) + len("/12345678") + RAY_SOCKET_TAIL <= SOCKET_PATH_MAX:
-            break
+    root = socket_safe(Path(tempfile.gettempdir()) / f"phasesweep-ray-{os.getuid()}", len("/12345678"))
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     return tempfile.mkdtemp(dir=root)
 
