@@ -229,6 +229,15 @@ def _says_why(line: str) -> bool:
     return bool(hash_ and words.strip(" -:"))
 
 
+def _reason_above(lines: list[str], lineno: int) -> bool:
+    """A comment line alone right above the import, or above the imports right above it (one
+    reason serves the block of imports under it)."""
+    i = lineno - 2
+    while i >= 0 and lines[i].strip().startswith(("import ", "from ")):
+        i -= 1
+    return i >= 0 and lines[i].strip().startswith("#") and _says_why(lines[i])
+
+
 def unexplained_lazy_imports(root: Path = ROOT) -> list[str]:
     """Imports inside a function without a reason: a comment on their first line, or on the line
     before them alone (one reason may serve the imports under it)."""
@@ -240,9 +249,8 @@ def unexplained_lazy_imports(root: Path = ROOT) -> list[str]:
                 continue
             body = [n for n in ast.walk(fn) if isinstance(n, ast.Import | ast.ImportFrom)]
             for node in sorted(body, key=lambda n: n.lineno):
-                first, before = lines[node.lineno - 1], lines[node.lineno - 2].strip()
-                if not (_says_why(first) or (before.startswith("#") and _says_why(before))):
-                    found.append(f"{path.relative_to(root)}:{node.lineno}: {first.strip()}")
+                if not (_says_why(lines[node.lineno - 1]) or _reason_above(lines, node.lineno)):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
     return sorted(set(found))
 
 
@@ -281,6 +289,8 @@ def test_the_hygiene_checks_see_a_circle_a_private_name_and_an_unexplained_lazy_
         "    from tasks.model import a  # lazy: only to show a circle\n"
         "    # lazy: torch, only in a job's process\n"
         "    import torch\n"
+        "    import torch.nn\n"
+        "\n"
         "    import json\n"
         "    import os  # noqa: F401\n"
     )
@@ -290,4 +300,4 @@ def test_the_hygiene_checks_see_a_circle_a_private_name_and_an_unexplained_lazy_
         "tasks/model/a.py:2 imports tasks.model._private._helper",
         "tasks/other.py:1 imports tasks.model._private.x",
     ]
-    assert unexplained_lazy_imports(tmp_path) == ["tasks/model/b.py:5: import json", "tasks/model/b.py:6: import os  # noqa: F401"]
+    assert unexplained_lazy_imports(tmp_path) == ["tasks/model/b.py:7: import json", "tasks/model/b.py:8: import os  # noqa: F401"]

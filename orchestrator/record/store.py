@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +33,10 @@ def check_reachable(uri: str) -> None:
     """A tracking server must answer /health: a one-line error naming it, not MLflow's retries."""
     if not is_server(uri):
         return
+    # lazy: urllib.request loads ssl, and `sweep.py --help` imports this module
+    import urllib.error
+    import urllib.request
+
     try:
         urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REACH_TIMEOUT_S).read()
     except urllib.error.HTTPError as e:

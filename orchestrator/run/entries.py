@@ -8,13 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.run.fork_hosts import fork_folder
-from orchestrator.run.rebuild import Unavailable, pair_spec
-from tasks.jobs import bench_in_fresh_process, export_in_fresh_process
-from tasks.paired import PairResult, paired_job
-from tasks.phases.captured import capture_in_fresh_process
 from tasks.specs import BenchResult, Failure
 from tasks.worker.forks import EXPORT_SERVER, bench_server
-from tasks.worker.transfer import localise, node_entry, pack
 
 
 def node_id() -> str:
@@ -26,6 +21,10 @@ def node_id() -> str:
 def export_entry(spec, timeout_s, forks, ship):
     """The export, into this node's own cache (tasks/worker/transfer.py); with `ship`, its entry
     packed as the task's second return, which Ray's object store takes to any node."""
+    # lazy: numpy and this kind's modules; every Ray worker imports this module
+    from tasks.jobs import export_in_fresh_process
+    from tasks.worker.transfer import node_entry, pack
+
     result = export_in_fresh_process(replace(spec, out_dir=node_entry(spec.out_dir)), timeout_s, fork_folder(forks, EXPORT_SERVER))
     if not result.ok:
         return result, None
@@ -36,6 +35,10 @@ def export_entry(spec, timeout_s, forks, ship):
 def bench_entry(spec, timeout_s, forks, packed=None):
     """The benchmark on this node's copy of its export, unpacked from what the export sent
     when this node's cache lacks it (no shared filesystem needed)."""
+    # lazy: numpy and this kind's modules; every Ray worker imports this module
+    from tasks.jobs import bench_in_fresh_process
+    from tasks.worker.transfer import localise, node_entry
+
     spec = replace(spec, export_dir=node_entry(spec.export_dir))
     try:
         source = localise(spec.export_dir, packed)
@@ -48,12 +51,19 @@ def bench_entry(spec, timeout_s, forks, packed=None):
 
 def capture_entry(spec, timeout_s, _forks):
     """The application, spawned: its imports are its own."""
+    # lazy: numpy and this kind's modules; every Ray worker imports this module
+    from tasks.phases.captured import capture_in_fresh_process
+
     return capture_in_fresh_process(spec, timeout_s)
 
 
 def pair_entry(spec, timeout_s, _forks, packed=(None, None)):
     """Baseline and candidate timed interleaved (tasks/paired.py) on this node's copies of
     their exports; each side in a fresh process of its own."""
+    # lazy: numpy and this kind's modules; every Ray worker imports this module
+    from tasks.paired import PairResult, paired_job
+    from tasks.worker.transfer import localise, node_entry
+
     sides = []
     for bench, shipped in zip((spec.baseline, spec.candidate), packed, strict=True):
         bench = replace(bench, export_dir=node_entry(bench.export_dir))
@@ -77,6 +87,10 @@ def remeasure_entry(spec, timeout_s, _forks):
     in the tracking store (orchestrator/run/remeasure.py), timed interleaved here; a PairResult,
     or why it could not be rebuilt ("not re-measured: ...")."""
     from mlflow.tracking import MlflowClient  # lazy: a Ray worker loads mlflow only to re-measure
+
+    # lazy: numpy and this kind's modules; every Ray worker imports this module
+    from orchestrator.run.rebuild import Unavailable, pair_spec
+    from tasks.paired import paired_job
 
     client = MlflowClient(tracking_uri=spec.uri)
     runs = {side: client.get_run(run_id) for side, run_id in spec.run_ids.items()}

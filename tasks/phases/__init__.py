@@ -25,12 +25,7 @@ import pkgutil
 from functools import cache
 from types import ModuleType
 
-from tasks.phases._quality import make_quality
-from tasks.phases._quality import measure as measure_quality
 from tasks.specs import ConfigError, PhaseSpec
-
-# the door to what every phase shares: its quality inputs (make_quality) and their measure
-__all__ = ["label", "make_quality", "measure_quality", "naming_keys", "phase_module", "phase_names"]
 
 
 @cache
