@@ -46,8 +46,11 @@ import sys
 from collections.abc import Sequence
 
 from orchestrator.plan.config import TrackingCfg
-from orchestrator.read.compare import compare, pick_sweeps
-from orchestrator.read.store import UsageError, open_store
+from orchestrator.read.store import UsageError, open_store, store_uri
+from orchestrator.read.verdict_table import compare, ok_runs, pick_sweeps
+from orchestrator.run.remeasure import remeasure
+from tasks.paired import PairOptions
+from tasks.specs import ConfigError
 
 
 def progress() -> None:
@@ -96,17 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     remeasured = None
     if args.remeasure:
-        from orchestrator.read.compare import ok_runs
-        from orchestrator.run.remeasure import remeasure
-        from tasks.paired import PairOptions
-
         progress()
         options = PairOptions(
             max_seconds=args.max_seconds, target_ci=args.target_ci, min_effect=args.min_effect, block_calls=args.block_calls
         )
-        from orchestrator.read.store import store_uri
-        from tasks.specs import ConfigError
-
         try:
             remeasured = remeasure(client, ok_runs(client, base), ok_runs(client, cand), options, cluster=args.cluster, uri=store_uri(args.uri))
         except ConfigError as exc:  # the cluster cannot be reached, or offers no bench slot

@@ -16,15 +16,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from orchestrator.record.journal import Journal
+from orchestrator.record.store import check_reachable, credentials_checked, quick_http
+from orchestrator.record.tracking import apply
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m orchestrator.replay", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("journal", type=Path, help="the .jsonl file the sweep named")
     p.add_argument("--uri", default=None, help="the tracking server (default: the one the journal was written for)")
     args = p.parse_args(argv)
-    from orchestrator.record.journal import Journal
-    from orchestrator.record.store import check_reachable, credentials_checked, quick_http
-    from orchestrator.record.tracking import apply
 
     if not args.journal.is_file():
         print(f"replay: {args.journal}: no such journal", file=sys.stderr)
@@ -44,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         print(f"replay: {e}", file=sys.stderr)
         return 1
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # lazy: mlflow, only once a store is opened
 
     client = MlflowClient(tracking_uri=uri)
     sent = 0

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from orchestrator.read.report import FORMATS, report
+from orchestrator.read.report_build import FORMATS, report
 from orchestrator.read.store import UsageError
 
 

@@ -25,6 +25,8 @@ sys.path.insert(0, str(HERE))  # its sibling modules, also when loaded by path (
 from node_health import LOGS, WAIT_S, end, http_get, last_error, node_processes, wait_up  # noqa: E402
 from node_ports import NotUp, Refused, base, port_args  # noqa: E402
 
+from orchestrator.common.ray_env import AUTH_ENV, LOOPBACK_ENV, WORKER_ENV, ensure_auth_token  # noqa: E402
+
 BENCH = '{"phasesweep_bench": 1}'
 USAGE = (
     "usage: scripts/cluster.sh head [NODE_IP] [--bench] [--cache DIR] [--num-cpus N] [--port P] [--dashboard-port P] "
@@ -35,8 +37,8 @@ USAGE = (
 
 def start(kind: str, opts: dict) -> int:
     ip, extra = opts["ip"], opts["extra"]
-    os.environ.update(RAY_AUTH_MODE="token", RAY_USAGE_STATS_ENABLED="0")  # for this process's GcsClient too
-    ray_env = {"RAY_worker_niceness": "0", **os.environ}  # benchmarks not preempted by any other process (Ray's default: 15)
+    os.environ.update(AUTH_ENV)  # for this process's GcsClient too
+    ray_env = {**WORKER_ENV, **os.environ}
     if opts.get("cache"):
         Path(opts["cache"]).mkdir(parents=True, exist_ok=True)
         ray_env["PHASESWEEP_NODE_CACHE"] = str(Path(opts["cache"]).resolve())
@@ -45,8 +47,8 @@ def start(kind: str, opts: dict) -> int:
     cmd = ["ray", "start"]
     if kind == "head":
         if ip == "127.0.0.1":  # a cluster on 127.0.0.1 stays on loopback (Ray otherwise binds every interface)
-            ray_env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-        subprocess.run(["ray", "get-auth-token", "--generate"], env=ray_env, check=True, stdout=subprocess.DEVNULL)
+            ray_env.update(LOOPBACK_ENV)
+        ensure_auth_token(ray_env)
         name = f"head-{ports['gcs']}"
         cmd += ["--head", f"--dashboard-host={ip}"]
         gcs = f"{ip}:{ports['gcs']}"
@@ -104,7 +106,8 @@ def write(folder: Path, node: dict) -> None:
 def cli_env(ip: str) -> str:
     """What the Ray CLI needs in its environment for this cluster (on loopback Ray would otherwise
     turn 127.0.0.1 into the machine's routable address, where nothing listens)."""
-    return "RAY_AUTH_MODE=token" + (" RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" if ip == "127.0.0.1" else "")
+    env = {"RAY_AUTH_MODE": AUTH_ENV["RAY_AUTH_MODE"], **(LOOPBACK_ENV if ip == "127.0.0.1" else {})}
+    return " ".join(f"{k}={v}" for k, v in env.items())
 
 
 def report(node: dict, opts: dict) -> None:

@@ -39,7 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.run.ray_session import LOCAL_ENV, LOCAL_START_ATTEMPTS, ensure_auth_token  # noqa: E402
+from orchestrator.common.ray_env import LOCAL_ENV, ensure_auth_token  # noqa: E402
+from orchestrator.run.ray_session import LOCAL_START_ATTEMPTS  # noqa: E402
 
 SPIN = ROOT / "tests" / "spin_backend"
 # a few calls per variant: what is under test is the recording, not the measurement

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 
-# Ray's socket paths lie under <folder>/session_<date>_<pid>/sockets/ (AF_UNIX allows 107 bytes)
-SOCKET_TAIL = len("/worker-xxxxxx/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, however the script is run
+from orchestrator.common.ray_env import socket_safe  # noqa: E402
+
 # every port `ray start` opens, by name: chosen free unless given (head-only ones marked)
 PORTS = {
     "gcs": ("--port", True),
@@ -33,9 +35,7 @@ class NotUp(Refused):
 
 def base() -> Path:
     """This user's folder of node folders: short enough for Ray's socket paths."""
-    name = f"psw-ray-{os.getuid()}"
-    tmp = Path(os.environ.get("TMPDIR") or "/tmp") / name
-    return tmp if len(str(tmp)) + SOCKET_TAIL <= 107 else Path("/tmp") / name
+    return socket_safe(Path(os.environ.get("TMPDIR") or "/tmp") / f"psw-ray-{os.getuid()}", len("/worker-xxxxxx"))
 
 
 def free_ports(n: int, host: str = "") -> list[int]:

@@ -20,8 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from tasks.measure.bench import median_ci_ranks, probe, wall_clock, warm_up
+from tasks.measure.bench import probe, wall_clock, warm_up
+from tasks.measure.effect import band, side
+from tasks.measure.latency import median_ci_ranks
+from tasks.measure.machine import benchmark_cores, die_with_parent
+from tasks.runtimes import runtime_module
 from tasks.specs import BenchSpec, Failure
+from tasks.worker.entries import load_export
 
 SIDES = ("baseline", "candidate")
 
@@ -75,16 +80,11 @@ def ratio_interval(ratios: list[float]) -> tuple[float, tuple[float, float] | No
 
 def decided(ci: tuple[float, float], min_effect: float) -> bool:
     """The interval lies wholly beyond 1 +- min_effect (slower or faster) or wholly within it (same)."""
-    low, high = ci
-    return low > 1 + min_effect or high < 1 - min_effect or (1 - min_effect <= low and high <= 1 + min_effect)
+    return side(ci, *band(min_effect)) != "across"
 
 
 def _side_main(conn: Any, spec: BenchSpec) -> None:
     """A side's process: load, first call, warm-up, then time blocks on request."""
-    from tasks.measure.machine import benchmark_cores, die_with_parent
-    from tasks.runtimes import runtime_module
-    from tasks.worker.entries import load_export
-
     die_with_parent()
     try:
         benchmark_cores(spec.device, spec.bench.threads)  # pinned before loading: thread pools inherit it

@@ -231,7 +231,7 @@ class ExportResult:
     artifact_mb: float = 0.0
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
-    anatomy: dict[str, Any] | None = None  # tasks.export._anatomy of the artifact; None without one
+    anatomy: dict[str, Any] | None = None  # tasks/measure/anatomy.py: the artifact's anatomy; None without one
     failure: Failure | None = None
 
 

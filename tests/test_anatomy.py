@@ -1,4 +1,4 @@
-"""What is inside an artifact (tasks/export/_anatomy.py) and what a file says about itself
+"""What is inside an artifact (tasks/export/_anatomy.py, tasks/measure/anatomy.py) and what a file says about itself
 (tasks/export/_description.py): counts on graphs small enough to check by hand, a module swap seen
 as a difference, and the description read back from .onnx and .pte with the runtimes alone."""
 
@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from tasks.export import _anatomy as anatomy
 from tasks.export import executorch as executorch_format
 from tasks.export import onnx as onnx_format
 from tasks.export._description import CACHE_LAYOUT
+from tasks.measure import anatomy
 
 
 def hand_onnx(path, extra_transpose: bool = False):

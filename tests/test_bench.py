@@ -1,4 +1,4 @@
-"""The measurement loop and its statistics, on a controlled step function."""
+"""The measurement loop (tasks/measure/bench.py) and its statistics (tasks/measure/latency.py), on a controlled step function."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from tasks.measure.bench import Latency, bench_metrics, is_unstable, measure, median_ci_ranks, summarize, wall_clock
+from tasks.measure.bench import bench_metrics, is_unstable, measure, wall_clock
+from tasks.measure.latency import Latency, median_ci_ranks, summarize
 from tasks.specs import BenchOptions
 
 

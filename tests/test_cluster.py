@@ -52,8 +52,8 @@ def _where():
 @pytest.fixture(scope="module")
 def three_nodes():
     """Two CPU nodes with a bench slot each and a GPU node (its GPU declared, not real)."""
+    from orchestrator.common.ray_env import LOCAL_ENV, ensure_auth_token
     from orchestrator.plan.placement import BENCH_RESOURCE
-    from orchestrator.run.ray_session import LOCAL_ENV, ensure_auth_token
 
     for key, value in LOCAL_ENV.items():
         os.environ.setdefault(key, value)

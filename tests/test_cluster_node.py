@@ -96,6 +96,14 @@ def fake_node(folder: Path) -> tuple[subprocess.Popen, int]:
     return proc, child
 
 
+def test_a_node_base_too_long_for_rays_socket_paths_moves_to_tmp(monkeypatch, tmp_path):
+    """The rule a local Ray's temp folder follows too (orchestrator/common/ray_env.py socket_safe)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path / ("d" * 80)))
+    assert node_ports.base() == Path("/tmp") / f"psw-ray-{os.getuid()}"
+    monkeypatch.setenv("TMPDIR", "/tmp/short")
+    assert node_ports.base() == Path("/tmp/short") / f"psw-ray-{os.getuid()}"
+
+
 def test_stop_ends_only_the_named_nodes_processes(short_tmp):
     base = node.base()
     assert base.parent == short_tmp

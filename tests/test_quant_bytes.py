@@ -9,8 +9,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tasks.export import _anatomy, _onnx_quant, _pte_bytes
+from tasks.export import _onnx_quant, _pte_bytes
 from tasks.export import onnx as onnx_format
+from tasks.measure import anatomy as anatomy_record
 from tasks.phases import decode
 
 K, N, ROWS = 128, 256, 64  # a MatMul weight [K, N] and an embedding table [ROWS, K]
@@ -42,7 +43,7 @@ def test_a_float_graph_counts_every_constant_and_its_lookup_table_apart(tmp_path
     assert a["constant_bytes"] == (ROWS * K + K * N) * 4
     assert a["lookup_tables"] == [{"bytes": ROWS * K * 4, "rows": ROWS}]
     # a step of batch 2 reads the projection whole and two rows of the table
-    assert _anatomy.bytes_read_per_step(a, 2) == K * N * 4 + 2 * K * 4
+    assert anatomy_record.bytes_read_per_step(a, 2) == K * N * 4 + 2 * K * 4
 
 
 @pytest.mark.parametrize(
@@ -66,7 +67,7 @@ def test_matmulnbits_weights_count_as_their_packed_bytes_and_scales(tmp_path, qu
     scales = N * (K // block) * 4  # one float32 scale per block
     assert a["constant_bytes"] == ROWS * K * 4 + packed + scales  # the table stays float
     assert a["ops"]["com.microsoft.MatMulNBits"] == 1 and "MatMul" not in a["ops"]
-    assert _anatomy.bytes_read_per_step(a, 2) == packed + scales + 2 * K * 4
+    assert anatomy_record.bytes_read_per_step(a, 2) == packed + scales + 2 * K * 4
     if quant == "int4":  # the quantised matrix: an eighth of float32, plus a scale per 32 weights
         assert (packed + scales) / (K * N * 4) == pytest.approx(1 / 8 + 1 / 32)
     got = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]

@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 import pytest
 
-from tasks.export._anatomy import bytes_read_per_step
 from tasks.export._genai import available
 from tasks.jobs import export_job
+from tasks.measure.anatomy import bytes_read_per_step
 from tasks.runtimes import onnxruntime as ort_runtime
 from tasks.specs import BenchSpec, ExportSpec
 from tasks.worker.entries import load_export

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from orchestrator.common import ray_env
 from orchestrator.run import ray_session
 from tests.conftest import ROOT
 
@@ -111,7 +112,7 @@ def test_a_local_rays_temp_folder_fits_its_socket_paths(monkeypatch, tmp_path):
     folder = ray_session.temp_folder()
     try:
         assert folder.startswith("/tmp/") and os.path.isdir(folder)
-        assert len(folder) + ray_session.RAY_SOCKET_TAIL <= ray_session.SOCKET_PATH_MAX
+        assert len(folder) + ray_env.RAY_SOCKET_TAIL <= ray_env.SOCKET_PATH_MAX
     finally:
         os.rmdir(folder)
 
@@ -164,7 +165,7 @@ def test_a_shared_ray_head_that_fails_to_start_is_started_again(tmp_path, monkey
 def test_a_ray_started_outside_ray_init_gets_a_token_on_a_machine_that_never_ran_ray(tmp_path, monkeypatch):
     """`ray start --head` and a test's ray.cluster_utils head abort without ~/.ray/auth_token
     (ray.init makes its own); ensure_auth_token makes one once and keeps it."""
-    from orchestrator.run.ray_session import ensure_auth_token
+    from orchestrator.common.ray_env import ensure_auth_token
 
     monkeypatch.setenv("HOME", str(tmp_path))
     for key in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):

@@ -21,7 +21,7 @@ import pytest
 from orchestrator import report as cli
 from orchestrator.common.outcome import Outcome, Status
 from orchestrator.plan.config import TrackingCfg
-from orchestrator.read import report as rep
+from orchestrator.read import report_build as rep
 from orchestrator.read import store as st
 from orchestrator.read import summary
 from orchestrator.record.store import Store

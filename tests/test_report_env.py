@@ -9,9 +9,9 @@ import pytest
 
 from orchestrator.common.console import table
 from orchestrator.common.outcome import Outcome, Status
-from orchestrator.read.compare import compare_rows
 from orchestrator.read.stats import compare_sweeps
 from orchestrator.read.summary import plan_text, shapes_text, status_text, summary_rows
+from orchestrator.read.verdict_table import compare_rows
 from tasks.measure.environment import fingerprint, peak_bandwidth_gbs
 from tasks.phases import decode, phase_module
 

@@ -1,8 +1,11 @@
 """What every plot shares: matplotlib (Agg, imported when first drawn), the row keys, labels,
-log axes with plain-number ticks."""
+log axes with plain-number ticks, and the panels of one model x phase each."""
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +16,10 @@ PALETTE = ("C0", "C1", "C2", "C4", "C5", "C6", "C8", "C9")  # no red: red marks 
 
 
 def pyplot():
-    import matplotlib
+    import matplotlib  # lazy: matplotlib, only once a plot is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib, only once a plot is drawn
 
     return plt
 
@@ -42,7 +45,7 @@ def spans_decade(values: list[float]) -> bool:
 
 def log_axis(axis, values: list[float]) -> None:
     """A log axis with plain-number ticks (1, 2, 5, 10, ...), readable without exponents."""
-    import matplotlib.ticker as mt
+    import matplotlib.ticker as mt  # lazy: matplotlib, only once a plot is drawn
 
     if axis is axis.axes.xaxis:
         axis.axes.set_xscale("log")
@@ -60,9 +63,41 @@ def pad_log_limits(set_lim, values: list[float], factor: float = 1.6) -> None:
 
 
 def save(fig, path: Path) -> bool:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib, only once a plot is drawn
 
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return True
 
+
+
+Panel = tuple[str, str]  # (model, phase)
+
+
+def by_panel(rows: Iterable[dict[str, Any]]) -> dict[Panel, list[dict[str, Any]]]:
+    """The rows grouped one panel per model x phase, each in the rows' order."""
+    panels: dict[Panel, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        panels[(r["model"], r["phase"])].append(r)
+    return dict(panels)
+
+
+def panel_grid(
+    plt: Any, panels: dict[Panel, list[dict[str, Any]]], width: float, height: Callable[[int], float]
+) -> tuple[Any, list[tuple[Any, Panel, list[dict[str, Any]]]]]:
+    """A figure of the panels in sorted order, one column for up to two and two beyond, each
+    titled "model · phase"; a row of panels is height(its longest panel's row count) inches tall.
+    Returns the figure and (axes, panel, its rows) of each panel."""
+    keys = sorted(panels)
+    ncols = 1 if len(keys) <= 2 else 2
+    lines = [keys[i : i + ncols] for i in range(0, len(keys), ncols)]
+    heights = [height(max(len(panels[k]) for k in line)) for line in lines]
+    fig, axes = plt.subplots(
+        math.ceil(len(keys) / ncols), ncols, figsize=(width * ncols, sum(heights) + 0.6),
+        gridspec_kw={"height_ratios": heights}, squeeze=False,
+    )
+    for ax in axes.flat[len(keys) :]:
+        ax.set_visible(False)
+    for ax, key in zip(axes.flat, keys, strict=False):
+        ax.set_title(f"{key[0]} · {key[1]}", fontsize=11, loc="left")
+    return fig, [(ax, key, panels[key]) for ax, key in zip(axes.flat, keys, strict=False)]

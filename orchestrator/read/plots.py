@@ -6,13 +6,23 @@ params (those in PLOT_PARAMS, as text) and metrics; only rows that ended ok with
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from orchestrator.common.outcome import Outcome
-from orchestrator.read.draw import CI_HIGH, CI_LOW, MEDIAN, P90, join_label, log_axis, pyplot, save, suffix
+from orchestrator.read.draw import (
+    CI_HIGH,
+    CI_LOW,
+    MEDIAN,
+    P90,
+    by_panel,
+    join_label,
+    log_axis,
+    panel_grid,
+    pyplot,
+    save,
+    suffix,
+)
 from orchestrator.read.quality_plot import quality_plot
 from orchestrator.read.trend_plots import CONTEXT_LEN, context_plot, memory_plot, speedup_plot
 
@@ -65,56 +75,15 @@ def latency_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     """One panel per model x phase, one line per variant (backend, device and what else its
     name says), median latency as a dot, its 95% CI as a thick bar, p90 as a thin whisker, on
     a log axis; unstable variants in red."""
-    plt = pyplot()
-    panels: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in sorted(rows, key=lambda r: (r["model"], r["phase"], r["metrics"][MEDIAN])):
-        panels[(r["model"], r["phase"])].append(r)
-    keys = sorted(panels)
-    ncols = 1 if len(keys) <= 2 else 2
-    nrows = math.ceil(len(keys) / ncols)
-    heights = [max(len(panels[k]) for k in keys[i * ncols : (i + 1) * ncols]) for i in range(nrows)]
-    fig, axes = plt.subplots(
-        nrows,
-        ncols,
-        figsize=(7.5 * ncols, 0.42 * sum(heights) + 1.4 * nrows + 0.6),
-        gridspec_kw={"height_ratios": [h + 1.8 for h in heights]},
-        squeeze=False,
-    )
-    for ax in axes.flat[len(keys) :]:
-        ax.set_visible(False)
-    for ax, key in zip(axes.flat, keys, strict=False):
-        group = panels[key]
-        values = []
-        for i, r in enumerate(group):
-            m = r["metrics"]
-            color = "tab:red" if r.get("unstable") else "tab:blue"
-            med = m[MEDIAN]
-            values.append(med)
-            if m.get(P90) is not None:
-                ax.plot([med, m[P90]], [i, i], color=color, lw=1, alpha=0.8)
-                ax.plot([m[P90]], [i], marker="|", color=color, ms=9)
-                values.append(m[P90])
-            if m.get(CI_LOW) is not None and m.get(CI_HIGH) is not None:
-                ax.plot([m[CI_LOW], m[CI_HIGH]], [i, i], color=color, lw=5, alpha=0.35, solid_capstyle="butt")
-                values += [m[CI_LOW], m[CI_HIGH]]
-            ax.plot([med], [i], "o", color=color, ms=6, zorder=3)
-            note = f"{med:.3g} ms" + ("  unstable" if r.get("unstable") else "")
-            ax.annotate(
-                note,
-                (max(med, m.get(P90) or med), i),
-                xytext=(6, 0),
-                textcoords="offset points",
-                va="center",
-                fontsize=8,
-                color=color,
-            )
-        labels = [join_label(r["backend"], r["device"], suffix(r)) for r in group]
-        ax.set_yticks(range(len(group)), labels, fontsize=9)
+    ordered = sorted(rows, key=lambda r: (r["model"], r["phase"], r["metrics"][MEDIAN]))
+    fig, panels = panel_grid(pyplot(), by_panel(ordered), 7.5, lambda n: 0.42 * n + 1.4)
+    for ax, _, group in panels:
+        values = [v for i, r in enumerate(group) for v in _latency_line(ax, i, r)]
+        ax.set_yticks(range(len(group)), [join_label(r["backend"], r["device"], suffix(r)) for r in group], fontsize=9)
         ax.set_ylim(len(group) - 0.5, -0.5)
         log_axis(ax.xaxis, values)
         ax.set_xlim(min(values) / 1.6, max(values) * 2.2)  # room for the value labels
         ax.grid(axis="x", which="major", alpha=0.3)
-        ax.set_title(f"{key[0]} · {key[1]}", fontsize=11, loc="left")
         ax.set_xlabel("latency per call, ms (log)", fontsize=9)
     fig.suptitle(
         "Latency per backend — dot: median, thick bar: 95% CI of the median, whisker: p90; red: unstable",
@@ -122,6 +91,26 @@ def latency_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     )
     fig.tight_layout()
     return save(fig, path)
+
+
+def _latency_line(ax: Any, i: int, r: dict[str, Any]) -> list[float]:
+    """Row i of a latency panel: median dot, CI bar, p90 whisker and the median's value; the
+    values drawn."""
+    m = r["metrics"]
+    color = "tab:red" if r.get("unstable") else "tab:blue"
+    med = m[MEDIAN]
+    values = [med]
+    if m.get(P90) is not None:
+        ax.plot([med, m[P90]], [i, i], color=color, lw=1, alpha=0.8)
+        ax.plot([m[P90]], [i], marker="|", color=color, ms=9)
+        values.append(m[P90])
+    if m.get(CI_LOW) is not None and m.get(CI_HIGH) is not None:
+        ax.plot([m[CI_LOW], m[CI_HIGH]], [i, i], color=color, lw=5, alpha=0.35, solid_capstyle="butt")
+        values += [m[CI_LOW], m[CI_HIGH]]
+    ax.plot([med], [i], "o", color=color, ms=6, zorder=3)
+    note = f"{med:.3g} ms" + ("  unstable" if r.get("unstable") else "")
+    ax.annotate(note, (max(med, m.get(P90) or med), i), xytext=(6, 0), textcoords="offset points", va="center", fontsize=8, color=color)
+    return values
 
 
 def profile_plot(rows: list[dict[str, Any]], name: str, path: Path) -> bool:

@@ -4,11 +4,20 @@ marked (tasks/measure/quality.py measures the quality)."""
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from orchestrator.read.draw import MEDIAN, join_label, log_axis, pad_log_limits, pyplot, save, suffix
+from orchestrator.read.draw import (
+    MEDIAN,
+    by_panel,
+    join_label,
+    log_axis,
+    pad_log_limits,
+    panel_grid,
+    pyplot,
+    save,
+    suffix,
+)
 
 PPL_INCREASE, KL = "quality_ppl_increase", "quality_kl"
 KL_FLOOR = 1e-9  # a KL below this is drawn at it (float32 variants agree to rounding)
@@ -30,65 +39,62 @@ def quality_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     """Latency (x, log) against the perplexity increase over float32 eager (y; KL where a panel
     has no perplexity: random weights), one panel per model x phase; the Pareto front (faster
     and no worse) joined and ringed; each point labelled by backend and what else its name says."""
-    panels: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        if r["metrics"].get(KL) is not None:
-            panels[(r["model"], r["phase"])].append(r)
+    panels = by_panel(r for r in rows if r["metrics"].get(KL) is not None)
     if not panels:
         return False
-    plt = pyplot()
-    from matplotlib.ticker import FuncFormatter
-
-    keys = sorted(panels)
-    ncols = 1 if len(keys) == 1 else 2
-    nrows = math.ceil(len(keys) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(7.2 * ncols, 4.6 * nrows + 0.5), squeeze=False)
-    for ax in axes.flat[len(keys) :]:
-        ax.set_visible(False)
-    for ax, key in zip(axes.flat, keys, strict=False):
-        group = panels[key]
+    fig, drawn = panel_grid(pyplot(), panels, 7.2, lambda _: 4.6)
+    for ax, _, group in drawn:
         use_ppl = all(r["metrics"].get(PPL_INCREASE) is not None for r in group)
         xs = [r["metrics"][MEDIAN] for r in group]
-        if use_ppl:
-            ys = [100 * r["metrics"][PPL_INCREASE] for r in group]
-        else:
-            ys = [max(r["metrics"][KL], KL_FLOOR) for r in group]
-        # changes within rounding tie on the front: a perplexity within +-PPL_TIE %, a KL at the floor
-        ranked = [0.0 if use_ppl and abs(y) < PPL_TIE else y for y in ys]
-        front = pareto(list(zip(xs, ranked, strict=True)))
-        ax.plot([xs[i] for i in front], [ys[i] for i in front], "-", color="0.6", lw=1, zorder=1, drawstyle="steps-post")
-        for rank, i in enumerate(sorted(range(len(group)), key=lambda i: xs[i])):
-            on = i in front
-            ax.plot(xs[i], ys[i], "o", color="C0" if on else "C1", ms=7, zorder=3, mec="black" if on else "none")
-            ax.annotate(  # neighbours in x alternate above and below: close points keep readable labels
-                join_label(group[i]["backend"], suffix(group[i])),
-                (xs[i], ys[i]),
-                xytext=(6, 5 if rank % 2 == 0 else -12),
-                textcoords="offset points",
-                fontsize=8,
-            )
+        ys = [100 * r["metrics"][PPL_INCREASE] if use_ppl else max(r["metrics"][KL], KL_FLOOR) for r in group]
+        _points(ax, group, xs, ys, use_ppl)
         log_axis(ax.xaxis, xs)
         pad_log_limits(ax.set_xlim, xs, 1.5)
-        if use_ppl:
-            ax.set_yscale("symlog", linthresh=PPL_TIE)  # linear within +-PPL_TIE %, where rounding lives
-            ax.set_ylim(min(min(ys), -PPL_TIE) * 2, max(max(ys), PPL_TIE) * 4)
-            low, high = ax.get_ylim()  # 1-2-5 ticks beyond the linear band: a decade is often wider than the data
-            steps = [m * 10.0**e for e in range(-1, 6) for m in (1, 2, 5) if m * 10.0**e >= PPL_TIE]
-            ax.set_yticks([0.0] + [t for v in steps for t in (v, -v) if low <= t <= high])
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
-            ax.axhline(0, color="0.8", lw=0.8, zorder=0)
-            ax.set_ylabel("perplexity increase over float32 eager, %", fontsize=9)
-        else:
-            ax.set_yscale("log")
-            ax.set_ylabel(f"KL(float32 eager || variant), nats (floor {KL_FLOOR:g})", fontsize=9)
-            lo, hi = ax.get_ylim()
-            ax.set_ylim(lo, hi * 3)  # room for the labels above the highest point
+        (_ppl_axis if use_ppl else _kl_axis)(ax, ys)
         ax.set_xlabel("median latency per call, ms (log; a decode call is one token per row)", fontsize=9)
         ax.grid(alpha=0.3, which="major")
-        ax.set_title(f"{key[0]} · {key[1]}", fontsize=11, loc="left")
     fig.suptitle(
         "Speed against quality — blue, ringed and joined: the Pareto front (nothing both faster and better); orange: another is faster and no worse",
         fontsize=10,
     )
     fig.tight_layout()
     return save(fig, path)
+
+
+def _points(ax: Any, group: list[dict[str, Any]], xs: list[float], ys: list[float], use_ppl: bool) -> None:
+    """A panel's variants as points, the Pareto front joined and ringed, each labelled."""
+    # changes within rounding tie on the front: a perplexity within +-PPL_TIE %, a KL at the floor
+    ranked = [0.0 if use_ppl and abs(y) < PPL_TIE else y for y in ys]
+    front = pareto(list(zip(xs, ranked, strict=True)))
+    ax.plot([xs[i] for i in front], [ys[i] for i in front], "-", color="0.6", lw=1, zorder=1, drawstyle="steps-post")
+    for rank, i in enumerate(sorted(range(len(group)), key=lambda i: xs[i])):
+        on = i in front
+        ax.plot(xs[i], ys[i], "o", color="C0" if on else "C1", ms=7, zorder=3, mec="black" if on else "none")
+        ax.annotate(  # neighbours in x alternate above and below: close points keep readable labels
+            join_label(group[i]["backend"], suffix(group[i])),
+            (xs[i], ys[i]),
+            xytext=(6, 5 if rank % 2 == 0 else -12),
+            textcoords="offset points",
+            fontsize=8,
+        )
+
+
+def _ppl_axis(ax: Any, ys: list[float]) -> None:
+    """The perplexity increase: linear within +-PPL_TIE %, where rounding lives, log beyond."""
+    from matplotlib.ticker import FuncFormatter  # lazy: matplotlib, only once a plot is drawn
+
+    ax.set_yscale("symlog", linthresh=PPL_TIE)
+    ax.set_ylim(min(min(ys), -PPL_TIE) * 2, max(max(ys), PPL_TIE) * 4)
+    low, high = ax.get_ylim()  # 1-2-5 ticks beyond the linear band: a decade is often wider than the data
+    steps = [m * 10.0**e for e in range(-1, 6) for m in (1, 2, 5) if m * 10.0**e >= PPL_TIE]
+    ax.set_yticks([0.0] + [t for v in steps for t in (v, -v) if low <= t <= high])
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.axhline(0, color="0.8", lw=0.8, zorder=0)
+    ax.set_ylabel("perplexity increase over float32 eager, %", fontsize=9)
+
+
+def _kl_axis(ax: Any, ys: list[float]) -> None:
+    ax.set_yscale("log")
+    ax.set_ylabel(f"KL(float32 eager || variant), nats (floor {KL_FLOOR:g})", fontsize=9)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi * 3)  # room for the labels above the highest point

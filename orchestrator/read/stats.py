@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from tasks.measure.effect import band, side
+
 BLOCKS = 20  # contiguous blocks per run: the unit of the bootstrap and of the rank test
 SKETCH = 101  # quantiles kept per block
 VERDICTS = ("slower", "faster", "same", "inconclusive")
@@ -47,13 +49,10 @@ def verdict(
     `same`: within [1 - min_effect, 1 + min_effect]; slower/faster need the interval beyond
     `call` (default min_effect) and beyond the machine's own `speed` change by min_effect."""
     call = min_effect if call is None else call
-    if ci_low > max(1 + call, speed * (1 + min_effect)) and p < alpha:
-        return "slower"
-    if ci_high < min(1 - call, speed * (1 - min_effect)) and p < alpha:
-        return "faster"
-    if 1 - min_effect <= ci_low and ci_high <= 1 + min_effect:
-        return "same"
-    return "inconclusive"
+    called = side((ci_low, ci_high), min(1 - call, speed * (1 - min_effect)), max(1 + call, speed * (1 + min_effect)))
+    if called in ("above", "below") and p < alpha:
+        return "slower" if called == "above" else "faster"
+    return "same" if side((ci_low, ci_high), *band(min_effect)) == "within" else "inconclusive"
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -79,7 +78,7 @@ def compare_samples(
 ) -> dict[str, Any]:
     """One variant, samples in timed order: ratio of medians (candidate / baseline), its
     block-bootstrap interval, the Mann-Whitney U p of the blocks' medians, and the uncorrected verdict."""
-    from scipy.stats import mannwhitneyu
+    from scipy.stats import mannwhitneyu  # lazy: scipy, only for a verdict
 
     a = np.asarray(baseline_ns, dtype=np.float64)
     b = np.asarray(candidate_ns, dtype=np.float64)
@@ -118,7 +117,7 @@ def compare_paired(pair: Mapping[str, Any], min_effect: float = 0.05, alpha: flo
     """One variant re-measured interleaved (tasks/paired.py): the median of its per-round ratios
     candidate / baseline with their distribution-free interval, and a sign test's p that the
     rounds' ratios sit above 1 as often as below."""
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest  # lazy: scipy, only for a verdict
 
     ratios = np.asarray(pair["ratios"], dtype=np.float64)
     above, below = int((ratios > 1).sum()), int((ratios < 1).sum())

@@ -30,7 +30,7 @@ def open_store(uri: str | None = None) -> Any:
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         raise UsageError(f"no MLflow store at {uri} (run from the sweep's folder or pass --uri)")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # else a bar per download
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # lazy: mlflow, only once a store is opened
 
     return MlflowClient(tracking_uri=uri)
 
@@ -54,7 +54,7 @@ def latest_sweeps(client: Any, experiment_ids: list[str], count: int = 2) -> lis
 def find_sweep(client: Any, ref: str) -> Any:
     """The sweep run `ref` names: an experiment name (its latest sweep), a run id, or `latest`
     (the latest sweep of any experiment)."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # lazy: mlflow, only once a store is opened
 
     def latest(experiment_ids: list[str], where: str) -> Any:
         runs = latest_sweeps(client, experiment_ids, 1) if experiment_ids else []

@@ -9,6 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from orchestrator.read.draw import (
     MEDIAN,
     PALETTE,
@@ -51,66 +53,63 @@ def context_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     if not models:
         return False
     plt = pyplot()
-    from matplotlib.lines import Line2D
-
     fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.6 * len(models) + 0.6), squeeze=False)
     for (model, rs), (ax_lat, ax_tok) in zip(models.items(), axes, strict=False):
         lines: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in rs:
             rest = re.sub(r"(^|_)ctx\d+", "", suffix(r)).strip("_")
             lines[join_label(r["backend"], r["device"], rest)].append(r)
-        contexts = sorted({_context(r) for r in rs})
-        unstable = False
         lat_values, tok_values = [], []
         for k, (label, pts) in enumerate(sorted(lines.items())):
-            marker = "osD^v<>P"[k % 8]  # lines that coincide stay visible
             pts.sort(key=_context)
-            x = [_context(r) for r in pts]
-            lat = [r["metrics"][MEDIAN] for r in pts]
+            lat, tok = _context_lines(ax_lat, ax_tok, k, label, pts)
             lat_values += lat
-            color = PALETTE[k % len(PALETTE)]
-            ax_lat.plot(x, lat, marker=marker, ms=8 - k % 3, alpha=0.85, color=color, label=label)
-            for xi, r in zip(x, pts, strict=False):
-                if r.get("unstable"):  # a red ring
-                    ax_lat.plot([xi], [r["metrics"][MEDIAN]], "o", ms=13, mfc="none", mec="tab:red", mew=1.5)
-                    unstable = True
-            tok = [(xi, r["metrics"].get("tokens_per_s")) for xi, r in zip(x, pts, strict=False)]
-            tok = [(xi, t) for xi, t in tok if t is not None]
-            if tok:
-                ax_tok.plot(
-                    [t[0] for t in tok],
-                    [t[1] for t in tok],
-                    marker=marker,
-                    ms=8 - k % 3,
-                    alpha=0.85,
-                    color=color,
-                    label=label,
-                )
-                tok_values += [t[1] for t in tok]
-        for ax, values, ylabel, title in (
-            (ax_lat, lat_values, "median latency per decode step, ms", "decode latency"),
-            (ax_tok, tok_values, "tokens/s (whole batch)", "decode throughput"),
-        ):
-            ax.set_title(f"{model} · {title} vs context length", fontsize=11, loc="left")
-            ax.set_xlabel("context length (tokens already in the KV cache)")
-            ax.set_ylabel(ylabel)
-            if contexts[-1] / contexts[0] >= 4:
-                ax.set_xscale("log", base=2)
-            ax.set_xticks(contexts, [str(c) for c in contexts])
-            ax.xaxis.set_minor_locator(plt.NullLocator())
-            if values and spans_decade(values):
-                log_axis(ax.yaxis, values)
-            elif values:
-                ax.set_ylim(0, max(values) * 1.15)
-            ax.grid(alpha=0.3)
-            if values:
-                handles, _ = ax.get_legend_handles_labels()
-                if ax is ax_lat and unstable:
-                    ring = Line2D([], [], ls="", marker="o", ms=11, mfc="none", mec="tab:red", label="unstable")
-                    handles.append(ring)
-                ax.legend(handles=handles, fontsize=8, title="backend", title_fontsize=8)
+            tok_values += tok
+        contexts = sorted({_context(r) for r in rs})
+        unstable = any(r.get("unstable") for r in rs)
+        _context_axes(plt, ax_lat, model, contexts, lat_values, "median latency per decode step, ms", "decode latency", unstable)
+        _context_axes(plt, ax_tok, model, contexts, tok_values, "tokens/s (whole batch)", "decode throughput", False)
     fig.tight_layout()
     return save(fig, path)
+
+
+def _context_lines(ax_lat: Any, ax_tok: Any, k: int, label: str, pts: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """The k-th line of a model's latency and throughput panels, unstable points ringed in red;
+    the values drawn on each."""
+    style = {"marker": "osD^v<>P"[k % 8], "ms": 8 - k % 3, "alpha": 0.85, "color": PALETTE[k % len(PALETTE)], "label": label}
+    x = [_context(r) for r in pts]  # markers differ: lines that coincide stay visible
+    lat = [r["metrics"][MEDIAN] for r in pts]
+    ax_lat.plot(x, lat, **style)
+    for xi, r in zip(x, pts, strict=True):
+        if r.get("unstable"):  # a red ring
+            ax_lat.plot([xi], [r["metrics"][MEDIAN]], "o", ms=13, mfc="none", mec="tab:red", mew=1.5)
+    tok = [(xi, t) for xi, r in zip(x, pts, strict=True) if (t := r["metrics"].get("tokens_per_s")) is not None]
+    if tok:
+        ax_tok.plot([t[0] for t in tok], [t[1] for t in tok], **style)
+    return lat, [t[1] for t in tok]
+
+
+def _context_axes(plt: Any, ax: Any, model: str, contexts: list[int], values: list[float], ylabel: str, title: str, unstable: bool) -> None:
+    """A context-length panel's axes, title and legend (with the red ring's meaning when `unstable`)."""
+    from matplotlib.lines import Line2D  # lazy: matplotlib, only once a plot is drawn
+
+    ax.set_title(f"{model} · {title} vs context length", fontsize=11, loc="left")
+    ax.set_xlabel("context length (tokens already in the KV cache)")
+    ax.set_ylabel(ylabel)
+    if contexts[-1] / contexts[0] >= 4:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(contexts, [str(c) for c in contexts])
+    ax.xaxis.set_minor_locator(plt.NullLocator())
+    if values and spans_decade(values):
+        log_axis(ax.yaxis, values)
+    elif values:
+        ax.set_ylim(0, max(values) * 1.15)
+    ax.grid(alpha=0.3)
+    if values:
+        handles, _ = ax.get_legend_handles_labels()
+        if unstable:
+            handles.append(Line2D([], [], ls="", marker="o", ms=11, mfc="none", mec="tab:red", label="unstable"))
+        ax.legend(handles=handles, fontsize=8, title="backend", title_fontsize=8)
 
 
 # -- (c) speed-up over eager -----------------------------------------------------------------
@@ -140,8 +139,7 @@ def speedup_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     labels, backends, cells = speedups(rows)
     if not cells:
         return False
-    import matplotlib.colors as mc
-    import numpy as np
+    import matplotlib.colors as mc  # lazy: matplotlib, only once a plot is drawn
 
     plt = pyplot()
     grid = np.full((len(labels), len(backends)), np.nan)
@@ -200,62 +198,48 @@ def memory_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     shapes = sorted({(r["model"], r["phase"]) for pts in kinds.values() for r, _ in pts})
     markers = {s: "osD^v<>Pp*"[i % 10] for i, s in enumerate(shapes)}
     for ax, (metric, pts) in zip(axes[0], sorted(kinds.items()), strict=False):
-        xs, ys = [mb for _, mb in pts], [r["metrics"][MEDIAN] for r, _ in pts]
         for r, mb in pts:
-            ax.scatter(
-                mb,
-                r["metrics"][MEDIAN],
-                s=55,
-                color=colors[r["backend"]],
-                marker=markers[(r["model"], r["phase"])],
-                edgecolors="tab:red" if r.get("unstable") else "none",
-                linewidths=1.5,
-                zorder=3,
-            )
+            style = {"color": colors[r["backend"]], "marker": markers[(r["model"], r["phase"])]}
+            ax.scatter(mb, r["metrics"][MEDIAN], s=55, edgecolors="tab:red" if r.get("unstable") else "none", linewidths=1.5, zorder=3, **style)
             if len(pts) <= 16:
-                ax.annotate(
-                    join_label(r["backend"], suffix(r)),
-                    (mb, r["metrics"][MEDIAN]),
-                    xytext=(5, 4),
-                    textcoords="offset points",
-                    fontsize=7,
-                    alpha=0.85,
-                )
-        for axis, values in ((ax.xaxis, xs), (ax.yaxis, ys)):
-            if spans_decade(values):
-                log_axis(axis, values)
-        if spans_decade(xs):
-            pad_log_limits(ax.set_xlim, xs, 1.4)
-        else:
-            pad = (max(xs) - min(xs)) * 0.15 or max(xs) * 0.1
-            ax.set_xlim(min(xs) - pad, max(xs) + pad * 2.5)  # room for the names
-        if spans_decade(ys):
-            pad_log_limits(ax.set_ylim, ys, 1.4)
-        else:
-            ax.set_ylim(0, max(ys) * 1.2)
-        log = " (log)" if spans_decade(xs) else ""
-        ax.set_xlabel(f"{titles[metric]}, MB{log}  [{metric}]")
-        ax.set_ylabel("median latency per call, ms" + (" (log)" if spans_decade(ys) else ""))
-        ax.set_title(f"Latency against {titles[metric]}", fontsize=11, loc="left")
-        ax.grid(alpha=0.3, which="major")
-    from matplotlib.lines import Line2D
-
-    handles = [Line2D([], [], ls="", marker="o", color=colors[b], label=b) for b in backends]
-    handles += [Line2D([], [], ls="", marker=markers[s], color="grey", label=f"{s[0]} · {s[1]}") for s in shapes]
-    if any(r.get("unstable") for pts in kinds.values() for r, _ in pts):
-        handles.append(
-            Line2D([], [], ls="", marker="o", mfc="none", mec="tab:red", mew=1.5, label="red edge: unstable")
-        )
-    axes[0][-1].legend(
-        handles=handles,
-        fontsize=8,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.14),
-        ncol=min(len(handles), 6),
-        title="backend / model · phase",
-        title_fontsize=8,
-        frameon=False,
-    )
+                ax.annotate(join_label(r["backend"], suffix(r)), (mb, r["metrics"][MEDIAN]), xytext=(5, 4), textcoords="offset points", fontsize=7, alpha=0.85)
+        _memory_axes(ax, [mb for _, mb in pts], [r["metrics"][MEDIAN] for r, _ in pts], metric, titles[metric])
+    unstable = any(r.get("unstable") for pts in kinds.values() for r, _ in pts)
+    _memory_legend(axes[0][-1], colors, markers, unstable)
     fig.tight_layout()
     return save(fig, path)
 
+
+def _memory_axes(ax: Any, xs: list[float], ys: list[float], metric: str, title: str) -> None:
+    """Log axes where the values span a decade, else linear from zero with room for the names."""
+    for axis, values in ((ax.xaxis, xs), (ax.yaxis, ys)):
+        if spans_decade(values):
+            log_axis(axis, values)
+    if spans_decade(xs):
+        pad_log_limits(ax.set_xlim, xs, 1.4)
+    else:
+        pad = (max(xs) - min(xs)) * 0.15 or max(xs) * 0.1
+        ax.set_xlim(min(xs) - pad, max(xs) + pad * 2.5)  # room for the names
+    if spans_decade(ys):
+        pad_log_limits(ax.set_ylim, ys, 1.4)
+    else:
+        ax.set_ylim(0, max(ys) * 1.2)
+    log = " (log)" if spans_decade(xs) else ""
+    ax.set_xlabel(f"{title}, MB{log}  [{metric}]")
+    ax.set_ylabel("median latency per call, ms" + (" (log)" if spans_decade(ys) else ""))
+    ax.set_title(f"Latency against {title}", fontsize=11, loc="left")
+    ax.grid(alpha=0.3, which="major")
+
+
+def _memory_legend(ax: Any, colors: dict[str, str], markers: dict[tuple[str, str], str], unstable: bool) -> None:
+    """Colour per backend, marker per model · phase, under the last panel."""
+    from matplotlib.lines import Line2D  # lazy: matplotlib, only once a plot is drawn
+
+    handles = [Line2D([], [], ls="", marker="o", color=c, label=b) for b, c in colors.items()]
+    handles += [Line2D([], [], ls="", marker=m, color="grey", label=f"{s[0]} · {s[1]}") for s, m in markers.items()]
+    if unstable:
+        handles.append(Line2D([], [], ls="", marker="o", mfc="none", mec="tab:red", mew=1.5, label="red edge: unstable"))
+    ax.legend(
+        handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=min(len(handles), 6),
+        title="backend / model · phase", title_fontsize=8, frameon=False,
+    )

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.common.console import say
+from orchestrator.record.store import check_reachable
 
 BACKOFF_S = (1, 2, 5, 10, 20, 30)  # waits between tries while the server is away, the last repeated
 
@@ -88,8 +89,6 @@ class Journal:
 def is_outage(exc: BaseException, uri: str) -> bool:
     """Whether a failed write means the server is away (not reachable, or answering 5xx
     while it restarts), rather than refusing this write."""
-    from orchestrator.record.store import check_reachable
-
     status = getattr(exc, "get_http_status_code", lambda: None)()
     if isinstance(status, int) and status >= 500:
         return True

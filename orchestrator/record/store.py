@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 import time
@@ -68,6 +69,7 @@ def check_reachable(uri: str) -> None:
     """A tracking server must answer /health: a one-line error naming it, not MLflow's retries."""
     if not is_server(uri):
         return
+    # lazy: urllib.request loads ssl, and `sweep.py --help` imports this module
     import urllib.error
     import urllib.request
 
@@ -104,7 +106,7 @@ def refused(uri: str, status: int) -> str:
 @contextmanager
 def credentials_checked(uri: str) -> Iterator[None]:
     """A 401/403 from MLflow inside becomes refused()'s ConfigError; other errors pass unchanged."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # lazy: mlflow, only once a store is opened
 
     try:
         yield
@@ -155,8 +157,6 @@ def store_lock(uri: str) -> Iterator[None]:
     if not uri.startswith("sqlite:///"):
         yield
         return
-    import fcntl
-
     lock = Path(uri.removeprefix("sqlite:///") + ".lock")
     try:
         f = lock.open("a")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -56,7 +57,7 @@ def existing_runs(cfg: TrackingCfg) -> dict[str, list[str]]:
         return {}
     check_reachable(uri)
     quick_http()
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # lazy: mlflow, only once a store is opened
 
     client = MlflowClient(tracking_uri=uri)
     with credentials_checked(uri):
@@ -74,7 +75,7 @@ def existing_runs(cfg: TrackingCfg) -> dict[str, list[str]]:
 
 def apply(client: Any, op: str, args: list[Any]) -> None:
     """One journaled write (orchestrator/record/journal.py) on an MLflow client."""
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param, RunTag  # lazy: mlflow, only once a store is opened
 
     if op == "log":
         run_id, m, p, t = args
@@ -168,7 +169,7 @@ class Tracker:
         """The experiment's id, created when new, with the tags the UI opens it by
         (links.experiment_tags); sweeps racing to create it on a server (the lock covers sqlite
         only) take the winner's."""
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import MlflowException  # lazy: mlflow, only once a store is opened
 
         tags = experiment_tags()
         exp = self._client.get_experiment_by_name(name)

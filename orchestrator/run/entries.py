@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 from orchestrator.run.fork_hosts import fork_folder
+from tasks.specs import BenchResult, Failure
+from tasks.worker.forks import EXPORT_SERVER, bench_server
 
 
 def node_id() -> str:
-    import ray
+    import ray  # lazy: the driver imports this module before Ray starts
 
     return ray.get_runtime_context().get_node_id()
 
@@ -17,8 +21,8 @@ def node_id() -> str:
 def export_entry(spec, timeout_s, forks, ship):
     """The export, into this node's own cache (tasks/worker/transfer.py); with `ship`, its entry
     packed as the task's second return, which Ray's object store takes to any node."""
+    # lazy: numpy and this kind's modules; every Ray worker imports this module
     from tasks.jobs import export_in_fresh_process
-    from tasks.worker.forks import EXPORT_SERVER
     from tasks.worker.transfer import node_entry, pack
 
     result = export_in_fresh_process(replace(spec, out_dir=node_entry(spec.out_dir)), timeout_s, fork_folder(forks, EXPORT_SERVER))
@@ -31,9 +35,8 @@ def export_entry(spec, timeout_s, forks, ship):
 def bench_entry(spec, timeout_s, forks, packed=None):
     """The benchmark on this node's copy of its export, unpacked from what the export sent
     when this node's cache lacks it (no shared filesystem needed)."""
+    # lazy: numpy and this kind's modules; every Ray worker imports this module
     from tasks.jobs import bench_in_fresh_process
-    from tasks.specs import BenchResult, Failure
-    from tasks.worker.forks import bench_server
     from tasks.worker.transfer import localise, node_entry
 
     spec = replace(spec, export_dir=node_entry(spec.export_dir))
@@ -48,6 +51,7 @@ def bench_entry(spec, timeout_s, forks, packed=None):
 
 def capture_entry(spec, timeout_s, _forks):
     """The application, spawned: its imports are its own."""
+    # lazy: numpy and this kind's modules; every Ray worker imports this module
     from tasks.phases.captured import capture_in_fresh_process
 
     return capture_in_fresh_process(spec, timeout_s)
@@ -56,8 +60,8 @@ def capture_entry(spec, timeout_s, _forks):
 def pair_entry(spec, timeout_s, _forks, packed=(None, None)):
     """Baseline and candidate timed interleaved (tasks/paired.py) on this node's copies of
     their exports; each side in a fresh process of its own."""
+    # lazy: numpy and this kind's modules; every Ray worker imports this module
     from tasks.paired import PairResult, paired_job
-    from tasks.specs import Failure
     from tasks.worker.transfer import localise, node_entry
 
     sides = []
@@ -82,12 +86,10 @@ def remeasure_entry(spec, timeout_s, _forks):
     """compare --remeasure on a cluster: the variant's pair rebuilt on this node from its runs
     in the tracking store (orchestrator/run/remeasure.py), timed interleaved here; a PairResult,
     or why it could not be rebuilt ("not re-measured: ...")."""
-    import tempfile
-    from pathlib import Path
+    from mlflow.tracking import MlflowClient  # lazy: a Ray worker loads mlflow only to re-measure
 
-    from mlflow.tracking import MlflowClient
-
-    from orchestrator.run.remeasure import Unavailable, pair_spec
+    # lazy: numpy and this kind's modules; every Ray worker imports this module
+    from orchestrator.run.rebuild import Unavailable, pair_spec
     from tasks.paired import paired_job
 
     client = MlflowClient(tracking_uri=spec.uri)

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.run.ray_session import root_cause
+from tasks.worker import forks
+from tasks.worker.forks import EXPORT_SERVER, ForkServerError
 
 log = logging.getLogger("phasesweep")
 
@@ -33,7 +35,7 @@ def fork_folder(forks: bool | str, role: str) -> str | None:
         return None
     if isinstance(forks, str):
         return str(Path(forks) / role)
-    import ray
+    import ray  # lazy: ray, only once a run starts
 
     ctx = ray.get_runtime_context()
     return str(fork_base(ctx.get_job_id(), ctx.get_node_id()) / role)
@@ -55,9 +57,6 @@ class ForkServerHost:
     export server is (the first tasks are exports), the others finish starting behind it."""
 
     def __init__(self, servers: dict[str, tuple[str, ...]]):
-        from tasks.worker import forks
-        from tasks.worker.forks import EXPORT_SERVER
-
         starting = {role: forks.begin(fork_folder(True, role), os.getpid(), mods) for role, mods in servers.items()}
         first = starting.pop(EXPORT_SERVER, None)
         threading.Thread(target=wait_all, args=(list(starting.values()),), daemon=True).start()
@@ -85,9 +84,6 @@ class ForkServers:
 
     def start_local(self, servers: dict[str, tuple[str, ...]]) -> None:
         """This driver's servers, for a local Ray (before it starts, or beside its start)."""
-        from tasks.worker import forks
-        from tasks.worker.forks import EXPORT_SERVER
-
         self.base = fork_base(f"driver-{os.getpid()}", uuid.uuid4().hex)
         for role, mods in servers.items():
             starting = forks.begin(self.base / role, os.getpid(), mods)
@@ -101,8 +97,8 @@ class ForkServers:
 
     def start_on_nodes(self, servers: dict[str, tuple[str, ...]]) -> None:
         """A host actor on every alive node of the Ray this driver joined."""
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        import ray  # lazy: ray, only once a run starts
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # lazy: ray, only once a run starts
 
         host = ray.remote(num_cpus=0, max_restarts=0)(ForkServerHost)
         job_id = ray.get_runtime_context().get_job_id()
@@ -116,8 +112,6 @@ class ForkServers:
 
     def await_ready(self) -> None:
         """Every export server ready, or failed (its tasks spawn their processes); once."""
-        from tasks.worker.forks import ForkServerError
-
         for starting in self._starting.values():
             try:
                 starting.wait()
@@ -127,7 +121,7 @@ class ForkServers:
         pending, self._hosts_ready = self._hosts_ready, []
         if not pending:
             return
-        import ray
+        import ray  # lazy: ray, only once a run starts
 
         ready, late = ray.wait(pending, num_returns=len(pending), timeout=FORK_SERVER_START_S)
         for ref in ready:

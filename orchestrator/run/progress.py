@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from statistics import fmean
 from typing import Any
 
+from orchestrator.common.console import say
 from orchestrator.common.outcome import Status
 
 KINDS = ("export", "bench")
@@ -48,12 +49,10 @@ class Progress:
         """`export_of`: each variant to run -> its export key; `repeats`: its benchmark
         processes (1 if absent); `skipped`: variants skipped when planned. `live`: None
         decides by whether stdout is a terminal."""
-        if emit is None:
-            from orchestrator.common.console import say as emit
         self.export_of = dict(export_of)
         self.repeats = {n: (repeats or {}).get(n, 1) for n in self.export_of}
         self.skipped = skipped
-        self.clock, self.emit = clock, emit
+        self.clock, self.emit = clock, emit or say
         self.every_s, self.every_events = every_s, every_events
         self.live_wanted, self.console = live, console
         self.live: Any = None  # the rich Live while it is shown
@@ -182,8 +181,8 @@ class Progress:
 
     # -- the live display -----------------------------------------------------------------
     def _render(self) -> Any:
-        from rich.progress_bar import ProgressBar
-        from rich.table import Table
+        from rich.progress_bar import ProgressBar  # lazy: rich, only for a terminal's live display
+        from rich.table import Table  # lazy: rich, only for a terminal's live display
 
         ended = len(self.status)
         grid = Table.grid(padding=(0, 1))
@@ -204,15 +203,15 @@ class Progress:
         wanted = self.live_wanted
         console = self.console
         if wanted is not False:
-            from rich.console import Console
+            from rich.console import Console  # lazy: rich, only for a terminal's live display
 
             console = console or Console(file=sys.stdout)
             if wanted is None:
                 wanted = console.is_terminal and not console.is_dumb_terminal
         swapped: list[tuple[logging.StreamHandler, Any]] = []
         if wanted:
-            from rich.file_proxy import FileProxy
-            from rich.live import Live
+            from rich.file_proxy import FileProxy  # lazy: rich, only for a terminal's live display
+            from rich.live import Live  # lazy: rich, only for a terminal's live display
 
             self.live = Live(
                 self._render(),

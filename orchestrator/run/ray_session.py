@@ -3,11 +3,12 @@ cluster; end it. Only public Ray switches, but one guarded fallback for a Ray im
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
 import signal
-import subprocess
+import socket
 import sys
 import tempfile
 import threading
@@ -16,27 +17,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from orchestrator.common.ray_env import LOCAL_ENV, socket_safe
 from orchestrator.plan.config import ClusterCfg, ConfigError
 from orchestrator.plan.placement import BENCH_RESOURCE, Capacity
 from orchestrator.run import reaper
 
 log = logging.getLogger("phasesweep")
 
-# A local Ray's environment, read by Ray at import: its node IP stays on loopback (with
-# _node_ip_address alone Ray resolves 127.0.0.1 to the routable IP), token auth, no usage stats
-# and workers at niceness 0 (Ray's default 15 lets any other process on the machine preempt a capture or benchmark)
-LOCAL_ENV = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_AUTH_MODE": "token",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_worker_niceness": "0",
-}
 LOCAL_START_ATTEMPTS = 3  # a raylet on a busy machine can miss Ray's fixed 30 s to register
 START_LOCK = "phasesweep-ray-start.lock"  # in the temp folder: one local start at a time per machine
 REACH_TIMEOUT_S = 10.0
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-SOCKET_PATH_MAX = 107  # AF_UNIX; Ray's sockets lie under <temp folder>/session_<date>_<pid>/sockets/
-RAY_SOCKET_TAIL = len("/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store")
 
 
 def import_ray_on_loopback() -> Any:
@@ -44,7 +35,7 @@ def import_ray_on_loopback() -> Any:
     for key, value in LOCAL_ENV.items():
         os.environ.setdefault(key, value)
     already = "ray" in sys.modules
-    import ray
+    import ray  # lazy: ray, only once a run starts
 
     if already:  # imported before LOCAL_ENV was set (a notebook's): its switches are set directly
         ray_constants, config = imported_ray_switches()
@@ -53,20 +44,12 @@ def import_ray_on_loopback() -> Any:
     return ray
 
 
-def ensure_auth_token() -> None:
-    """The token a Ray started outside ray.init needs (`ray start`, a test's cluster; ray.init
-    makes its own): ~/.ray/auth_token, made by Ray's CLI when there is none."""
-    ray_cli = Path(sys.executable).with_name("ray")
-    env = {**os.environ, **LOCAL_ENV}
-    subprocess.run([str(ray_cli), "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
-
-
 def imported_ray_switches() -> tuple[Any, Any]:
     """Ray's private holders of LOCAL_ENV's switches (tests/test_ray_session.py checks them on
     the installed Ray): ray_constants.ENABLE_RAY_CLUSTER and the C++ config's initialize."""
     try:
-        from ray._private import ray_constants
-        from ray._raylet import Config
+        from ray._private import ray_constants  # lazy: Ray's private switches, only when Ray came first
+        from ray._raylet import Config  # lazy: Ray's private switches, only when Ray came first
 
         if hasattr(ray_constants, "ENABLE_RAY_CLUSTER") and callable(getattr(Config, "initialize", None)):
             return ray_constants, Config
@@ -80,8 +63,6 @@ def check_reachable(address: str) -> None:
     """A cluster address must answer within seconds (ray.init would wait for minutes): the
     head's GCS port for host:port and ray://host:port, the address this machine's running
     cluster recorded for "auto"."""
-    import socket
-
     where = address
     if address == "auto":
         where = os.environ.get("RAY_ADDRESS", "")
@@ -107,7 +88,7 @@ def check_reachable(address: str) -> None:
 def start(cluster: ClusterCfg, cap: Capacity) -> reaper.Watchdog | None:
     """Start a local Ray offering `cap` (cluster.address unset) or join the cluster. Returns the
     local Ray's watchdog, which ends what of it outlives the driver (orchestrator/run/reaper.py)."""
-    import ray
+    import ray  # lazy: ray, only once a run starts
 
     sigterm = signal.getsignal(signal.SIGTERM)
     common = {"log_to_driver": False, "logging_level": "warning", "configure_logging": True}
@@ -163,10 +144,7 @@ def start_local(init: Callable[[str], Any], attempts: int = LOCAL_START_ATTEMPTS
 def temp_folder() -> str:
     """A new folder for a local Ray's files (its sessions, logs, sockets), in a per-user folder
     of the machine's temp folder, or of /tmp where that is too long for Ray's socket paths."""
-    for base in (tempfile.gettempdir(), "/tmp"):
-        root = Path(base) / f"phasesweep-ray-{os.getuid()}"
-        if len(str(root)) + len("/12345678") + RAY_SOCKET_TAIL <= SOCKET_PATH_MAX:
-            break
+    root = socket_safe(Path(tempfile.gettempdir()) / f"phasesweep-ray-{os.getuid()}", len("/12345678"))
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     return tempfile.mkdtemp(dir=root)
 
@@ -175,8 +153,6 @@ def temp_folder() -> str:
 def one_start_at_a_time() -> Iterator[None]:
     """Local Rays started at once on one machine start one at a time (each start's raylet has a
     fixed 30 s to register): an exclusive lock on a file in the temp folder, freed if the driver dies."""
-    import fcntl
-
     try:
         f = (Path(tempfile.gettempdir()) / START_LOCK).open("a")
     except OSError:  # no lock to be had: start unlocked

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,12 @@ from orchestrator.common.console import table
 from orchestrator.common.outcome import Outcome
 from orchestrator.plan.planner import Plan
 from orchestrator.plan.variant import Variant
+from orchestrator.read.plots import make_plots, plot_rows, profile_plot
+from orchestrator.read.stats import compare_paired
+from orchestrator.read.summary import sweep_note
 from orchestrator.record.tracking import Tracker
-from tasks.export import _anatomy as anatomy
+from tasks.measure import anatomy
+from tasks.measure.profiles import CHART, TABLE
 from tasks.phases import label
 from tasks.specs import BenchResult, ExportResult, Failure
 
@@ -79,9 +84,6 @@ def log_bench(tracker: Tracker, name: str, run_id: str, result: BenchResult) -> 
 
 def log_profile(tracker: Tracker, o: Outcome, rows: list[dict[str, Any]], out_dir: Path) -> None:
     """bench.profile's top ops, as a table and a chart."""
-    from orchestrator.read.plots import profile_plot
-    from tasks.measure.profiles import CHART, TABLE
-
     tracker.log_table(o.run_id, rows, TABLE)
     folder = out_dir / "profiles" / o.name
     folder.mkdir(parents=True, exist_ok=True)
@@ -91,10 +93,6 @@ def log_profile(tracker: Tracker, o: Outcome, rows: list[dict[str, Any]], out_di
 
 def log_pair(tracker: Tracker, a: Outcome, b: Outcome, result: Any) -> dict[str, str]:
     """A/B pair's interleaved timing (tasks/paired.py) on the candidate's run; its summary row."""
-    from dataclasses import asdict
-
-    from orchestrator.read.stats import compare_paired
-
     row = {"baseline": a.name, "candidate": b.name}
     if isinstance(result, Failure) or not result.ok:
         failure = result if isinstance(result, Failure) else result.failure
@@ -122,9 +120,6 @@ def log_summary(
 ) -> str:
     """The sweep's summary (text, JSON, an MLflow table and the run's note) and, with `plots`,
     its plots; returns the text."""
-    from orchestrator.read.plots import make_plots, plot_rows
-    from orchestrator.read.summary import sweep_note
-
     text = table(rows)
     if pairs:  # hydra.launcher.pair: each pair timed interleaved
         tracker.log_dict(parent, pairs, "pairs.json")

@@ -13,6 +13,9 @@ from typing import Any
 from orchestrator.common.console import say
 from orchestrator.plan.config import ClusterCfg
 from orchestrator.plan.placement import bench_request, bench_threads
+from orchestrator.run.rebuild import Unavailable, recorded_variant
+from orchestrator.run.scheduler import Scheduler
+from tasks.runtimes import runtime_module
 from tasks.specs import ConfigError, Failure
 
 
@@ -26,10 +29,7 @@ class RemeasureSpec:
 
 def request(client: Any, run: Any, capacity: Any) -> Any:
     """What the variant's benchmark asks Ray for, from its recorded config."""
-    from orchestrator.run.remeasure import _variant
-    from tasks.runtimes import runtime_module
-
-    v = _variant(client, run)
+    v = recorded_variant(client, run)
     threads = bench_threads(capacity, v.device.name, v.bench.threads)
     memory_factor = runtime_module(v.backend.runtime).MEMORY_FACTOR
     return bench_request(capacity, v.device.name, threads, v.device.resources, v.weight_bytes, memory_factor, 0)
@@ -40,9 +40,6 @@ def on_cluster(
 ) -> None:
     """Each variant's pair ({name: {side: run}}) timed as a task on the cluster at `address`;
     done(name, its number, its PairResult or "not re-measured: why") as each ends."""
-    from orchestrator.run.remeasure import Unavailable
-    from orchestrator.run.scheduler import Scheduler
-
     number = {name: i for i, name in enumerate(runs, 1)}
     with Scheduler(ClusterCfg(address=address, fork_server=False, max_retries=0)) as sched:
         for name, sides in runs.items():

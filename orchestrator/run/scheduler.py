@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -26,7 +27,9 @@ from orchestrator.run import entries, ray_session
 from orchestrator.run.fork_hosts import ForkServers
 from orchestrator.run.ray_session import root_cause
 from tasks.specs import Failure
+from tasks.worker.entries import MANIFEST, cached_export
 from tasks.worker.heap import imports_uncollected
+from tasks.worker.transfer import localise, node_entry
 
 log = logging.getLogger("phasesweep")
 
@@ -123,7 +126,7 @@ class Scheduler:
         if self.cluster.address is None:
             ray = ray_session.import_ray_on_loopback()
         else:
-            import ray
+            import ray  # lazy: ray, only once a run starts
         if not ray.is_initialized():
             cap = self.capacity or local_capacity(self.cluster.num_cpus)
             self.watchdog = ray_session.start(self.cluster, cap)
@@ -158,9 +161,6 @@ class Scheduler:
         no export server is needed for it."""
         if not self.own_local:
             return False
-        from tasks.worker.entries import MANIFEST
-        from tasks.worker.transfer import node_entry
-
         return (Path(node_entry(spec.out_dir)) / MANIFEST).is_file()
 
     def stop(self) -> None:
@@ -180,8 +180,6 @@ class Scheduler:
     def stopping(self) -> Iterator[None]:
         """stop() in a thread of its own while the block runs (Ray's shutdown is mostly
         waiting); the driver's signal handlers installed again here, in the main thread."""
-        import signal
-
         handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             with beside(self.stop):
@@ -196,9 +194,7 @@ class Scheduler:
         packed = self.payloads.get(planned)
         if packed is None:
             return Path(made)
-        import ray
-
-        from tasks.worker.transfer import localise
+        import ray  # lazy: ray, only once a run starts
 
         if self._fetched is None:
             self._fetched = Path(tempfile.mkdtemp(prefix="phasesweep-exports-"))
@@ -207,7 +203,7 @@ class Scheduler:
         return folder
 
     def _capacity(self) -> Capacity:
-        import ray
+        import ray  # lazy: ray, only once a run starts
 
         return capacity_of(ray.nodes(), self.cluster.address)
 
@@ -217,9 +213,6 @@ class Scheduler:
         capture (key: its capture key). An export a local Ray's cache holds, complete and
         verified, is a result at once: no task (nor an export server) is needed to read it."""
         if kind == "export" and self.own_local:
-            from tasks.worker.entries import cached_export
-            from tasks.worker.transfer import node_entry
-
             hit = cached_export(spec, node_entry(spec.out_dir))
             if hit is not None:
                 hit.details["ray_node"] = self._node
@@ -296,8 +289,8 @@ class Scheduler:
         a task whose process died is run again; more may be submitted meanwhile. Yields
         ("tick", "", None) about every second, so the caller can keep a heartbeat."""
         self.start()
-        import ray
-        from ray.exceptions import RayError
+        import ray  # lazy: ray, only once a run starts
+        from ray.exceptions import RayError  # lazy: ray, only once a run starts
 
         while self.queue or self.running or self.done:
             while self.done:

@@ -16,9 +16,11 @@ Nothing here fails a benchmark: what cannot be read (no cpufreq in a container, 
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import resource
+import signal
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -40,9 +42,6 @@ _ALLOWED: tuple[int, ...] | None = None  # the process's cores before pin() narr
 
 def die_with_parent() -> None:
     """In a child process: be killed when the process that started it ends (Linux)."""
-    import ctypes
-    import signal
-
     try:
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:

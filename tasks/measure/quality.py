@@ -20,7 +20,7 @@ QUALITY = "quality.npz"  # the export entry's quality inputs and reference (task
 
 def corpus() -> str:
     """The standard library's documentation topics (pydoc_data, about 465k characters), in key order."""
-    from pydoc_data.topics import topics
+    from pydoc_data.topics import topics  # lazy: a 465k-character text, only when quality is measured
 
     return "\n\n".join(topics[k] for k in sorted(topics))
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tasks.model.sdpa import load_llama_ops
+
 
 class StaticKVCache(nn.Module):
     """Fixed capacity: buffers [B, H_kv, S_max, D]; a step writes its keys at cache_position.
@@ -74,8 +76,6 @@ class UpdateCacheKVCache(nn.Module):
 
     def __init__(self):
         super().__init__()
-        from tasks.model.sdpa import load_llama_ops
-
         load_llama_ops()
 
     def allocate(self, batch: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:

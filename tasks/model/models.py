@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    import torch
+    import torch  # lazy: torch, only in a job's process
 
     if name not in DTYPES:
         raise ValueError(f"model.dtype={name!r} is not supported; choose one of {', '.join(DTYPES)}")
@@ -36,7 +36,7 @@ def check_checkpoint(path: str) -> Path:
 
 def build_model(spec: ModelSpec) -> torch.nn.Module:
     """The reference transformers model, in eval mode, on CPU."""
-    import torch
+    import torch  # lazy: torch, only in a job's process
 
     config_cls, model_cls = _classes(spec.family)
     dtype = torch_dtype(spec.dtype)

@@ -27,9 +27,13 @@ if TYPE_CHECKING:
 
 def config(quant: str, group: int) -> Any:
     """torchao's config for one model.quant value."""
-    import torch
-    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig
-    from torchao.quantization.granularity import PerGroup
+    import torch  # lazy: torch, torchao, only in an export's process
+    from torchao.quantization import (  # lazy: torch, torchao, only in an export's process
+        Int8DynamicActivationIntxWeightConfig,
+        Int8WeightOnlyConfig,
+        IntxWeightOnlyConfig,
+    )
+    from torchao.quantization.granularity import PerGroup  # lazy: torch, torchao, only in an export's process
 
     if quant == "int8":  # inductor's settings left as they are, so compile compares like with like
         return Int8WeightOnlyConfig(set_inductor_config=False)
@@ -47,8 +51,8 @@ def config(quant: str, group: int) -> Any:
 def quantize(module: torch.nn.Module, quant: str, group: int) -> dict[str, int]:
     """Quantise `module`'s linear layers in place (model.quant=none: nothing); returns how many
     linears were quantised and how many stayed float."""
-    import torch
-    from torchao.quantization import quantize_
+    import torch  # lazy: torch, torchao, only in an export's process
+    from torchao.quantization import quantize_  # lazy: torch, torchao, only in an export's process
 
     linears = {name: m for name, m in module.named_modules() if type(m) is torch.nn.Linear}
     if quant == "none":

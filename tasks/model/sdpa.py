@@ -58,7 +58,7 @@ class MathAttention(nn.Module):
 def load_llama_ops() -> None:
     """Register llama::update_cache and llama::custom_sdpa with torch (their CPU kernels and
     export meta functions) and with the ExecuTorch runtime that loads a program using them."""
-    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 - lazy: executorch, only when the ops are used
 
 
 class CustomSDPA(nn.Module):

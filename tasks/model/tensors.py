@@ -21,7 +21,7 @@ def dtype_name(t: torch.Tensor) -> str:
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A host copy; bfloat16 as its uint16 bits."""
-    import torch
+    import torch  # lazy: torch, only in a job's process
 
     t = t.detach().cpu().contiguous()
     return t.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
@@ -29,7 +29,7 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 def to_torch(a: np.ndarray, dtype: str | None = None) -> torch.Tensor:
     """The tensor `a` holds; `dtype` "bfloat16" reads uint16 bits as bfloat16."""
-    import torch
+    import torch  # lazy: torch, only in a job's process
 
     t = torch.from_numpy(np.ascontiguousarray(a))
     return t.view(torch.bfloat16) if dtype == "bfloat16" else t

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from tasks.model.models import build_model
+from tasks.model.tensors import dtype_name, to_numpy
 from tasks.phases._calls import KINDS, distinct_calls, parse_app, select
 from tasks.phases._recorder import Clock, Recorder, Refused, hooked
 from tasks.specs import CaptureResult, CaptureSpec, ConfigError, Failure, PhaseSpec
@@ -77,8 +79,6 @@ def _inputs(recorder: Recorder, call: dict[str, Any], steps: int) -> dict[str, n
     """The arrays a kept call is replayed from: a decode call's `steps` tokens are its own and
     those the application fed next (fewer near the loop's end: tasks/phases/captured.py
     continues them with the reference's greedy picks)."""
-    from tasks.model.tensors import dtype_name, to_numpy
-
     seq = recorder.order[call["sequence"]]
     at = seq.calls.index(call["call"])
     if call["kind"] == "prefill":
@@ -153,88 +153,106 @@ def _near(calls: list[int], runs: list[tuple[int, int, list[tuple[int, int, bool
     return out
 
 
+class _Ended(Exception):
+    """The capture ends here, failed with this message (and the trace of what raised, if any)."""
+
+    def __init__(self, error: str, trace: str = ""):
+        super().__init__(error)
+        self.trace = trace
+
+
 def capture_job(spec: CaptureSpec) -> CaptureResult:
     """Run the application once recording, select the calls to keep, write their inputs,
     then time it `capture.timed_runs` times."""
     result = CaptureResult(key=spec.key, ok=False)
     try:
-        import torch
-
-        from tasks.model.models import build_model
+        import torch  # lazy: torch, only in a job's process
 
         app = load_app(spec)
         if spec.threads:
             torch.set_num_threads(spec.threads)
         model = build_model(spec.model)
-        recorder = Recorder()
-        hooks = hooked(model, recorder)
-        try:
-            app(model)
-        except Refused as e:
-            result.failure = Failure("capture", f"phase.app={spec.app!r}: {e}")
-            return result
-        except Exception as e:
-            result.failure = Failure("capture", _app_error(spec, e), traceback.format_exc())
-            return result
-        finally:
-            for h in hooks:
-                h.remove()
+        recorder = _record(spec, app, model)
         result.total_calls = len(recorder.calls)
         if not recorder.calls:
-            result.failure = Failure(
-                "capture",
+            raise _Ended(
                 f"phase.app={spec.app!r} returned without calling the model it was given (0 forward calls); "
-                "it must run that model (e.g. model.generate(...))",
+                "it must run that model (e.g. model.generate(...))"
             )
-            return result
         result.calls = distinct_calls(recorder.calls)
         result.notes = sorted({f"{c['why']} ({sum(1 for d in recorder.calls if d.get('why') == c['why'])} call(s))" for c in recorder.calls if c.get("why")})
-        kept: list[PhaseSpec] = []
-        for kind in KINDS:
-            for call in select([c for c in result.calls if c["kind"] == kind], spec.options.max_variants, spec.options.select):
-                arrays = _inputs(recorder, call, spec.parity_steps)
-                kept.append(
-                    PhaseSpec(
-                        name="captured",
-                        batch=call["batch"],
-                        prompt_len=call["new_tokens"] if kind == "prefill" else None,
-                        context_len=call["context"] if kind == "decode" else None,
-                        parity_steps=spec.parity_steps if kind == "decode" else 1,
-                        app=spec.app,
-                        kind=kind,
-                        call=call["call"],
-                        inputs=_write(Path(spec.store), arrays),
-                    )
-                )
-        if not kept:
-            result.failure = Failure(
-                "capture",
+        result.kept = _keep(spec, recorder, result.calls)
+        if not result.kept:
+            raise _Ended(
                 f"phase.app={spec.app!r} made {result.total_calls} model call(s), none a prefill or decode phasesweep "
-                f"can represent: {'; '.join(result.notes)}",
+                f"can represent: {'; '.join(result.notes)}"
             )
-            return result
-        result.kept = kept
         del recorder
-        runs = []
-        for _ in range(spec.options.timed_runs):
-            clock = Clock()
-            hooks = hooked(model, clock)
-            try:
-                t0 = time.perf_counter_ns()
-                app(model)
-                runs.append((t0, time.perf_counter_ns(), clock.spans))
-            finally:
-                for h in hooks:
-                    h.remove()
+        runs = _timed_runs(spec.options.timed_runs, app, model)
         if runs and all(r[2] for r in runs):
             result.timings, result.inter_token_ns = _timings(runs)
-            result.at_calls = _near([p.call for p in kept], runs)
+            result.at_calls = _near([p.call for p in result.kept], runs)
         result.ok = True
+    except _Ended as e:
+        result.failure = Failure("capture", str(e), e.trace)
     except ConfigError as e:
         result.failure = Failure("capture", str(e))
     except Exception as e:
         result.failure = Failure("capture", f"{type(e).__name__}: {e}", traceback.format_exc())
     return result
+
+
+def _record(spec: CaptureSpec, app: Any, model: Any) -> Recorder:
+    """The application run once with every forward call of the model recorded."""
+    recorder = Recorder()
+    hooks = hooked(model, recorder)
+    try:
+        app(model)
+    except Refused as e:
+        raise _Ended(f"phase.app={spec.app!r}: {e}") from None
+    except Exception as e:
+        raise _Ended(_app_error(spec, e), traceback.format_exc()) from None
+    finally:
+        for h in hooks:
+            h.remove()
+    return recorder
+
+
+def _keep(spec: CaptureSpec, recorder: Recorder, calls: list[dict[str, Any]]) -> list[PhaseSpec]:
+    """The selected calls of each kind as captured phases, their inputs written to the store."""
+    kept = []
+    for kind in KINDS:
+        for call in select([c for c in calls if c["kind"] == kind], spec.options.max_variants, spec.options.select):
+            kept.append(
+                PhaseSpec(
+                    name="captured",
+                    batch=call["batch"],
+                    prompt_len=call["new_tokens"] if kind == "prefill" else None,
+                    context_len=call["context"] if kind == "decode" else None,
+                    parity_steps=spec.parity_steps if kind == "decode" else 1,
+                    app=spec.app,
+                    kind=kind,
+                    call=call["call"],
+                    inputs=_write(Path(spec.store), _inputs(recorder, call, spec.parity_steps)),
+                )
+            )
+    return kept
+
+
+def _timed_runs(n: int, app: Any, model: Any) -> list[tuple[int, int, list]]:
+    """(start ns, end ns, the model calls' spans) of `n` runs of the application."""
+    runs = []
+    for _ in range(n):
+        clock = Clock()
+        hooks = hooked(model, clock)
+        try:
+            t0 = time.perf_counter_ns()
+            app(model)
+            runs.append((t0, time.perf_counter_ns(), clock.spans))
+        finally:
+            for h in hooks:
+                h.remove()
+    return runs
 
 
 def capture_in_fresh_process(spec: CaptureSpec, timeout_s: float | None = None) -> CaptureResult:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tasks.model.tensors import to_torch
 from tasks.specs import CONTEXT, ConfigError
 
 if TYPE_CHECKING:
@@ -24,8 +25,6 @@ class PhaseData:
     dtypes: dict[str, str] = field(default_factory=dict)  # inputs whose numpy form is not their dtype (bfloat16)
 
     def example_args(self) -> tuple[torch.Tensor, ...]:
-        from tasks.model.tensors import to_torch
-
         return tuple(to_torch(a, self.dtypes.get(n)) for n, a in self.feeds.items() if n != CONTEXT)
 
     def shapes(self) -> dict[str, list[int]]:
@@ -33,7 +32,7 @@ class PhaseData:
 
 
 def tokens(gen: torch.Generator, vocab: int, shape: tuple[int, ...]) -> torch.Tensor:
-    import torch
+    import torch  # lazy: torch, only in a job's process
 
     return torch.randint(0, vocab, shape, generator=gen, dtype=torch.int64)
 

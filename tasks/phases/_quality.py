@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tasks.measure.quality import QUALITY, metrics, quality_text
+from tasks.model.models import build_model
 
 if TYPE_CHECKING:
     import torch
@@ -53,11 +54,11 @@ def make_quality(model: torch.nn.Module, phase_mod: Any, spec: ExportSpec, dims:
 
 def _token_source(spec: ExportSpec, dims: dict[str, int]) -> tuple[Callable[[int], torch.Tensor], str]:
     """`take(n)` -> the first n tokens (fewer where the text ends), and what they are."""
-    import torch
+    import torch  # lazy: torch, only in a job's process
 
     ckpt = spec.model.checkpoint
     if ckpt and any((Path(ckpt) / f).is_file() for f in TOKENIZER_FILES):
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: torch, only in a job's process
 
         text = quality_text(spec.quality.text)
         ids = torch.tensor(AutoTokenizer.from_pretrained(ckpt)(text, add_special_tokens=False)["input_ids"])
@@ -74,14 +75,12 @@ def is_reference(m: ModelSpec) -> bool:
 
 def _reference(spec: ExportSpec) -> torch.nn.Module:
     """The float32, unquantised eager model of a variant that is not it, built again."""
-    from tasks.model.models import build_model
-
     return build_model(replace(spec.model, dtype="float32", quant="none"))
 
 
 def reference_logprobs(ref: torch.nn.Module, ids: torch.Tensor, keep: int) -> np.ndarray:
     """log-probabilities [R, keep, V] (float32) of the last `keep` positions of each row of `ids` [R, L]."""
-    import torch
+    import torch  # lazy: torch, only in a job's process
 
     rows = max(1, LOGITS_BUDGET // (keep * ref.config.vocab_size * 4))
     out = []

@@ -42,7 +42,7 @@ class Recorder:
         self._pending: dict[str, Any] | None = None
 
     def pre(self, module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
-        import torch
+        import torch  # lazy: torch, only in a job's process
 
         ids = kwargs.get("input_ids", args[0] if args else None)
         cache = cache_of(kwargs)
@@ -79,7 +79,7 @@ class Recorder:
         self.calls.append(call)
 
     def _check_unchanged(self, index: int, seq: _Sequence, cache: Any) -> None:
-        import torch
+        import torch  # lazy: torch, only in a job's process
 
         for i, ((k, v), (ks, vs)) in enumerate(zip(_layers(cache), seq.layers, strict=True)):
             if not (torch.equal(k[:, :, : seq.length], ks) and torch.equal(v[:, :, : seq.length], vs)):
@@ -96,7 +96,7 @@ class Recorder:
                 )
 
     def post(self, module: Any, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
-        import torch
+        import torch  # lazy: torch, only in a job's process
 
         pending, self._pending = self._pending, None
         if pending is None or pending["call"]["kind"] == "unsupported":

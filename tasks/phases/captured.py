@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tasks.model.tensors import to_torch
 from tasks.phases import decode, prefill
 from tasks.phases._calls import KINDS, SELECT, describe, parse_app, read_inputs, summary
 from tasks.phases._capture import capture_in_fresh_process, capture_job
@@ -98,7 +99,7 @@ def io_names(phase: PhaseSpec, layers: int, kv_cache: str = "static") -> tuple[l
 
 def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dict[str, int]) -> PhaseData:
     """The recorded call's inputs and the transformers model's reference on them."""
-    import torch
+    import torch  # lazy: torch, only in a job's process
 
     arrays = read_inputs(phase.inputs)
     ids = torch.from_numpy(arrays["input_ids"])
@@ -107,9 +108,8 @@ def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dic
         raise ValueError(f"{phase.inputs}: input_ids {tuple(ids.shape)}, the phase expects {want}")
     if phase.kind == "prefill":
         return prefill.data_from_prompt(model, ids, dims)
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # lazy: torch, only in a job's process
 
-    from tasks.model.tensors import to_torch
 
     dtype = str(arrays["cache_dtype"])
     pairs = [
@@ -126,7 +126,7 @@ def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dic
 
 def _continued(model: torch.nn.Module, cache: Any, steps: torch.Tensor, n: int) -> torch.Tensor:
     """The application's step tokens [B, k], continued to n with the reference's greedy picks."""
-    import torch
+    import torch  # lazy: torch, only in a job's process
 
     with torch.inference_mode():
         for t in range(n - 1):

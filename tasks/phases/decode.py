@@ -21,8 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tasks.export._anatomy import bytes_read_per_step
+from tasks.measure.anatomy import bytes_read_per_step
+from tasks.measure.parity import compare, summary
+from tasks.model.tensors import dtype_name, to_numpy
 from tasks.phases._common import PhaseData, check_span, synthetic_only, tokens
+from tasks.phases._quality import reference_logprobs
 from tasks.specs import (
     CONTEXT,
     DTYPE_BYTES,
@@ -86,13 +89,13 @@ def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dic
     """The cache after a seeded context of context_len tokens, filled by the reference
     transformers model and laid out [B, H_kv, S, D]; the first step's token; and the
     reference logits of parity_steps consecutive steps decoding seeded tokens."""
-    import torch
+    import torch  # lazy: torch, only in a job's process
 
     gen = torch.Generator().manual_seed(phase.seed)
     b = phase.batch
     ctx = tokens(gen, dims["vocab"], (b, phase.context_len))  # [B, C]
     steps = tokens(gen, dims["vocab"], (b, phase.parity_steps))  # [B, N]
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # lazy: torch, only in a job's process
 
     with torch.inference_mode():
         # a DynamicCache without the config keeps every position of every layer (with it, sliding
@@ -111,7 +114,7 @@ def data_from_cache(
     tokens of parity_steps steps [B, N]: the cache laid out by `kv_cache` ([B, H_kv, S, D]),
     the first step's token, and the reference logits of every step, each decoded by the
     reference model on the cache the step before left."""
-    import torch
+    import torch  # lazy: torch, only in a job's process
 
     with torch.inference_mode():
         past, dtypes = _laid_out(phase, kv_cache, dims, cache)
@@ -130,8 +133,7 @@ def data_from_cache(
 
 def _laid_out(phase: PhaseSpec, kv_cache: str, dims: dict[str, int], cache: Any) -> tuple[dict, dict[str, str]]:
     """A transformers cache as the graph's past inputs ({} for an in-graph cache), and their dtypes."""
-    from tasks.model.kv_cache import make_kv_cache
-    from tasks.model.tensors import dtype_name, to_numpy
+    from tasks.model.kv_cache import make_kv_cache  # lazy: torch, only in a job's process
 
     layout = make_kv_cache(kv_cache)
     past: dict[str, np.ndarray] = {}
@@ -157,10 +159,9 @@ def quality_inputs(
     steps through the next S positions, each step predicting the token after it. Windows
     [W, B, PREFIX + S + 1]; the reference's log-probabilities in the artifact's order
     (window, step, row)."""
-    import torch
-    from transformers import DynamicCache
+    import torch  # lazy: torch, only in a job's process
+    from transformers import DynamicCache  # lazy: torch, only in a job's process
 
-    from tasks.phases._quality import reference_logprobs
 
     b, pre = phase.batch, QUALITY_PREFIX
     count = -(-tokens // (b * (capacity(phase) - pre)))  # windows of at most capacity - PREFIX steps
@@ -199,7 +200,11 @@ def quality_logits(session: Any, phase: PhaseSpec, feeds: dict, q: dict[str, np.
 
 
 def build_graph(model: torch.nn.Module, phase: PhaseSpec, family: str, kv_cache: str, attention: str) -> torch.nn.Module:
-    from tasks.model.graphs import DecodeGraph, InGraphCacheGraph, swap_attention
+    from tasks.model.graphs import (  # lazy: torch, only in a job's process
+        DecodeGraph,
+        InGraphCacheGraph,
+        swap_attention,
+    )
 
     swap_attention(model, family, kv_cache, attention)
     in_graph = kv_cache in IN_GRAPH_KV_CACHES
@@ -212,7 +217,6 @@ def check_parity(session: Any, phase: PhaseSpec, feeds: dict, parity: dict, atol
     """parity_steps consecutive steps, each fed the cache the backend returned (an in-graph
     cache: the program's own, filled with the context first), every step compared: a graph
     that drops its cache passes the first step only."""
-    from tasks.measure.parity import compare, summary
 
     ref = parity["ref_logits"]  # [N, B, 1, V]
     logits = session.run_steps(feeds, parity["step_tokens"], int(feeds["cache_position"][0]))
@@ -231,7 +235,7 @@ def extra_metrics(
 ) -> dict[str, float]:
     """Bytes one decode step moves, per second of median latency (and its fraction of the
     device's peak, if known). Counted as the graph is exported:
-    - weights: with an artifact, its constants as stored (tasks/export/_anatomy.py: packed
+    - weights: with an artifact, its constants as stored (tasks/measure/anatomy.py: packed
       int4 and its scales at their bytes), each read once, except the tables read by row
       (an embedding, a rotary cache), of which a step reads its B rows; without one (eager,
       compile), every parameter at the model dtype, an untied input embedding's B rows only

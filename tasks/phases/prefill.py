@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tasks.measure.parity import compare, rel_error, summary
+from tasks.model.tensors import as_float32
 from tasks.phases._common import PhaseData, check_span, synthetic_only, tokens
+from tasks.phases._quality import reference_logprobs
 from tasks.specs import IN_GRAPH_KV_CACHES, PRESENT, PhaseSpec, at_least, kv_names
 
 if TYPE_CHECKING:
@@ -47,7 +50,7 @@ def io_names(phase: PhaseSpec, layers: int, kv_cache: str = "static") -> tuple[l
 def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dict[str, int]) -> PhaseData:
     """A seeded prompt, and the transformers model's own last-position logits and the
     cache it fills ([B, H_kv, P, D] per layer, as float32)."""
-    import torch
+    import torch  # lazy: torch, only in a job's process
 
     gen = torch.Generator().manual_seed(phase.seed)
     data = data_from_prompt(model, tokens(gen, dims["vocab"], (phase.batch, phase.prompt_len)), dims)
@@ -59,8 +62,8 @@ def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dic
 def data_from_prompt(model: torch.nn.Module, ids: torch.Tensor, dims: dict[str, int]) -> PhaseData:
     """A prefill call's data from its prompt [B, P]: the reference's last-position logits and
     the cache it fills."""
-    import torch
-    from transformers import DynamicCache
+    import torch  # lazy: torch, only in a job's process
+    from transformers import DynamicCache  # lazy: torch, only in a job's process
 
     with torch.inference_mode():  # without the config, sliding layers' caches keep every position too
         out = model(input_ids=ids, use_cache=True, cache=DynamicCache())
@@ -73,7 +76,11 @@ def data_from_prompt(model: torch.nn.Module, ids: torch.Tensor, dims: dict[str, 
 
 
 def build_graph(model: torch.nn.Module, phase: PhaseSpec, family: str, kv_cache: str, attention: str) -> torch.nn.Module:
-    from tasks.model.graphs import InGraphCacheGraph, PrefillGraph, swap_attention
+    from tasks.model.graphs import (  # lazy: torch, only in a job's process
+        InGraphCacheGraph,
+        PrefillGraph,
+        swap_attention,
+    )
 
     swap_attention(model, family, kv_cache, attention)
     in_graph = kv_cache in IN_GRAPH_KV_CACHES
@@ -87,8 +94,6 @@ def check_parity(session: Any, phase: PhaseSpec, feeds: dict, parity: dict, atol
     against the cache the reference filled (a graph that returns a wrong cache would
     otherwise pass prefill and hand decode garbage). An in-graph cache returns none: decode's
     parity, stepping through the program's own filled cache, checks it."""
-    from tasks.measure.parity import compare, rel_error, summary
-    from tasks.model.tensors import as_float32
 
     logits, *present = session.run(feeds)
     report = summary([compare(logits, parity["ref_logits"][0], atol)], atol)
@@ -112,7 +117,6 @@ def quality_inputs(
     calls = min(calls, (len(ids) - p) // b)
     if calls < 1:
         return None, f"the quality text has {len(ids)} tokens; prefill needs {p + b} for one call"
-    from tasks.phases._quality import reference_logprobs
 
     starts = np.arange(calls * b)[:, None] + np.arange(p + 1)
     windows = ids[starts].reshape(calls, b, p + 1)

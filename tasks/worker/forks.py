@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
@@ -94,7 +95,7 @@ def _child(conn: Connection, job: bytes, listener: socket.socket, others: Iterab
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         try:
-            import numpy as np
+            import numpy as np  # lazy: a fork server imports only its role's modules
 
             np.random.seed(int.from_bytes(os.urandom(4), "little"))  # as a spawned process draws its own
         except ImportError:
@@ -108,8 +109,6 @@ def _child(conn: Connection, job: bytes, listener: socket.socket, others: Iterab
         conn.close()
         code = 0
     except BaseException:  # noqa: BLE001 - the client sees the exit status
-        import traceback
-
         traceback.print_exc()
         code = 1
     os._exit(code)
@@ -131,41 +130,9 @@ def serve(folder: Path, watch_pid: int | None, preload: Iterable[str], idle_s: f
     print(READY, flush=True)
     os.dup2(2, 1)  # the starter stops reading: the children's prints go to the log
     children: dict[int, Connection] = {}  # pid -> its client's connection
-    last = time.monotonic()
     kept_by_parent = watch_pid is not None and os.getppid() == watch_pid  # re-parented the moment it ends
     try:
-        while True:
-            fds = [listener, *children.values()]
-            readable, _, _ = select.select(fds, [], [], POLL_S)
-            for pid, conn in list(children.items()):
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    try:
-                        conn.send(("exit", os.waitstatus_to_exitcode(status)))
-                    except OSError:
-                        pass
-                    conn.close()
-                    del children[pid]
-                    last = time.monotonic()
-                elif conn in readable:  # the client hung up (it only reads after sending): end its child
-                    os.kill(pid, signal.SIGKILL)
-            if listener in readable:
-                sock, _ = listener.accept()
-                conn = Connection(sock.detach())
-                try:
-                    job = conn.recv_bytes()  # read now: from here on, a readable connection means a hang-up
-                except (EOFError, OSError):
-                    conn.close()
-                    continue
-                pid = os.fork()
-                if pid == 0:
-                    _child(conn, job, listener, children.values())
-                conn.send(("pid", pid))
-                children[pid] = conn
-            if watch_pid is not None and ((kept_by_parent and os.getppid() != watch_pid) or not alive(watch_pid)):
-                break
-            if not children and time.monotonic() - last > idle_s:
-                break
+        _loop(listener, children, watch_pid, kept_by_parent, idle_s)
     finally:
         for pid in children:
             try:
@@ -180,6 +147,57 @@ def serve(folder: Path, watch_pid: int | None, preload: Iterable[str], idle_s: f
         folder.parent.rmdir()  # the node's and job's folder, once its last server is gone
     except OSError:
         pass
+
+
+def _loop(listener: socket.socket, children: dict[int, Connection], watch_pid: int | None, kept_by_parent: bool, idle_s: float) -> None:
+    """Fork a child per connection and report each child's exit to its client, until
+    `watch_pid` ends or `idle_s` pass without a child."""
+    last = time.monotonic()
+    while True:
+        readable, _, _ = select.select([listener, *children.values()], [], [], POLL_S)
+        if _reap(children, readable):
+            last = time.monotonic()
+        if listener in readable:
+            _accept(listener, children)
+        if watch_pid is not None and ((kept_by_parent and os.getppid() != watch_pid) or not alive(watch_pid)):
+            return
+        if not children and time.monotonic() - last > idle_s:
+            return
+
+
+def _reap(children: dict[int, Connection], readable: list) -> bool:
+    """Each ended child's exit code sent to its client; a child whose client hung up (it only
+    reads after sending) killed. Whether any ended."""
+    ended = False
+    for pid, conn in list(children.items()):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            try:
+                conn.send(("exit", os.waitstatus_to_exitcode(status)))
+            except OSError:
+                pass
+            conn.close()
+            del children[pid]
+            ended = True
+        elif conn in readable:
+            os.kill(pid, signal.SIGKILL)
+    return ended
+
+
+def _accept(listener: socket.socket, children: dict[int, Connection]) -> None:
+    """The waiting client's job, run in a child forked for it alone."""
+    sock, _ = listener.accept()
+    conn = Connection(sock.detach())
+    try:
+        job = conn.recv_bytes()  # read now: from here on, a readable connection means a hang-up
+    except (EOFError, OSError):
+        conn.close()
+        return
+    pid = os.fork()
+    if pid == 0:
+        _child(conn, job, listener, children.values())
+    conn.send(("pid", pid))
+    children[pid] = conn
 
 
 # -- the client ------------------------------------------------------------------------------

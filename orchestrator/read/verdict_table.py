@@ -13,7 +13,7 @@ from orchestrator.common.console import table
 from orchestrator.read.quality_compare import quality_cell, quality_changes, quality_summary
 from orchestrator.read.stats import BLOCKS, VERDICTS, Conditions, compare_sweeps, disturbances
 from orchestrator.read.store import UsageError, artifact_json, find_sweep, latest_sweeps, variant_runs
-from tasks.export import _anatomy as anatomy
+from tasks.measure import anatomy
 
 SAMPLES = "latency_samples.json"
 
@@ -59,7 +59,7 @@ def sweep_samples(client: Any, runs: Mapping[str, Any]) -> tuple[dict[str, np.nd
 
 
 def sweep_anatomies(client: Any, runs: Mapping[str, Any]) -> dict[str, dict]:
-    """{variant: tasks.export._anatomy record of its artifact} of the runs that have one."""
+    """{variant: tasks.measure.anatomy record of its artifact} of the runs that have one."""
     found = {}
     for name, run in runs.items():
         if "anatomy_nodes" in run.data.metrics:  # eager, compile: no artifact
