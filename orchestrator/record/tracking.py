@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import tempfile
 import threading
 import time
 from pathlib import Path

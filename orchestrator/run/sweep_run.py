@@ -26,6 +26,7 @@ from orchestrator.run.progress import Progress
 from orchestrator.run.recording import axes, config_yaml
 from orchestrator.run.scheduler import Scheduler, beside
 from tasks.measure.bench import pool_repeats
+from tasks.paired import PairOptions, PairSpec
 from tasks.specs import BenchResult, ExportResult, Failure
 
 HEARTBEAT_S = 30.0  # how often the sweep's run is told its driver is alive
@@ -195,8 +196,6 @@ class SweepRun:
         if b in self.pairs or not all(self.outcomes[n].ended for n in pair):
             return
         if all(self.outcomes[n].status == Status.OK for n in pair):
-            from tasks.paired import PairOptions, PairSpec
-
             base, cand = self.plan.variant(a).bench, self.plan.variant(b).bench
             seconds = 2 * max(base.bench.max_seconds, cand.bench.max_seconds)  # both sides' time caps
             spec = PairSpec(b, base, cand, PairOptions(max_seconds=seconds, seed=self.sched.seed))
