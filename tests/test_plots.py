@@ -187,6 +187,21 @@ def test_speed_vs_quality_is_drawn_only_with_quality(tmp_path):
     assert plots.QUALITY in drawn(rows, tmp_path)
 
 
+def test_a_float32_reference_is_drawn_at_no_change_beside_what_was_measured(tmp_path):
+    """quality_reference rows (measured nothing: the reference itself) join a panel that measured
+    something, at no change; alone they draw no plot."""
+    from orchestrator.read.quality_plot import _panels, _y
+
+    ref = row(model="tiny", phase="decode", backend="onnxruntime", median=1.0, quality_reference=1.0)
+    int8 = quality_row("onnxruntime", "int8", 0.6, 0.004)
+    other = row(model="other", phase="decode", backend="eager", median=2.0, quality_reference=1.0)
+    assert plots.QUALITY not in drawn([ref, other], tmp_path / "refs")
+    panels = _panels([ref, int8, other])
+    assert list(panels) == [("tiny", "decode")] and panels[("tiny", "decode")] == [ref, int8]
+    assert _y(ref["metrics"], True) == 0.0 and _y(ref["metrics"], False) == 1e-9
+    assert plots.QUALITY in drawn([ref, int8, other], tmp_path)
+
+
 def test_pareto_front_keeps_what_nothing_beats_on_both():
     from orchestrator.read.quality_plot import pareto
 

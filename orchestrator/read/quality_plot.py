@@ -19,8 +19,8 @@ from orchestrator.read.draw import (
     suffix,
 )
 
-PPL_INCREASE, KL = "quality_ppl_increase", "quality_kl"
-KL_FLOOR = 1e-9  # a KL below this is drawn at it (float32 variants agree to rounding)
+PPL_INCREASE, KL, REFERENCE = "quality_ppl_increase", "quality_kl", "quality_reference"
+KL_FLOOR = 1e-9  # a KL below this is drawn at it (a float32 reference variant: at it, unmeasured)
 PPL_TIE = 0.1  # % of perplexity: closer to the reference than this is rounding (float32, mostly float16)
 
 
@@ -39,14 +39,15 @@ def quality_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     """Latency (x, log) against the perplexity increase over float32 eager (y; KL where a panel
     has no perplexity: random weights), one panel per model x phase; the Pareto front (faster
     and no worse) joined and ringed; each point labelled by backend and what else its name says."""
-    panels = by_panel(r for r in rows if r["metrics"].get(KL) is not None)
+    panels = _panels(rows)
     if not panels:
         return False
     fig, drawn = panel_grid(pyplot(), panels, 7.2, lambda _: 4.6)
     for ax, _, group in drawn:
-        use_ppl = all(r["metrics"].get(PPL_INCREASE) is not None for r in group)
+        measured = [r for r in group if not r["metrics"].get(REFERENCE)]
+        use_ppl = all(r["metrics"].get(PPL_INCREASE) is not None for r in measured)
         xs = [r["metrics"][MEDIAN] for r in group]
-        ys = [100 * r["metrics"][PPL_INCREASE] if use_ppl else max(r["metrics"][KL], KL_FLOOR) for r in group]
+        ys = [_y(r["metrics"], use_ppl) for r in group]
         _points(ax, group, xs, ys, use_ppl)
         log_axis(ax.xaxis, xs)
         pad_log_limits(ax.set_xlim, xs, 1.5)
@@ -61,6 +62,22 @@ def quality_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     return save(fig, path)
 
 
+def _panels(rows: list[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
+    """The panels where some variant measured a quality change, each with the float32 reference
+    variants of its model and phase (quality_reference: the reference itself, drawn at no change)."""
+    measured = by_panel(r for r in rows if r["metrics"].get(KL) is not None)
+    for key, group in by_panel(r for r in rows if r["metrics"].get(REFERENCE)).items():
+        if key in measured:
+            measured[key] = group + measured[key]
+    return measured
+
+
+def _y(m: dict[str, float], use_ppl: bool) -> float:
+    if m.get(REFERENCE):
+        return 0.0 if use_ppl else KL_FLOOR
+    return 100 * m[PPL_INCREASE] if use_ppl else max(m[KL], KL_FLOOR)
+
+
 def _points(ax: Any, group: list[dict[str, Any]], xs: list[float], ys: list[float], use_ppl: bool) -> None:
     """A panel's variants as points, the Pareto front joined and ringed, each labelled."""
     # changes within rounding tie on the front: a perplexity within +-PPL_TIE %, a KL at the floor
@@ -70,8 +87,9 @@ def _points(ax: Any, group: list[dict[str, Any]], xs: list[float], ys: list[floa
     for rank, i in enumerate(sorted(range(len(group)), key=lambda i: xs[i])):
         on = i in front
         ax.plot(xs[i], ys[i], "o", color="C0" if on else "C1", ms=7, zorder=3, mec="black" if on else "none")
+        reference = " (reference)" if group[i]["metrics"].get(REFERENCE) else ""
         ax.annotate(  # neighbours in x alternate above and below: close points keep readable labels
-            join_label(group[i]["backend"], suffix(group[i])),
+            join_label(group[i]["backend"], suffix(group[i])) + reference,
             (xs[i], ys[i]),
             xytext=(6, 5 if rank % 2 == 0 else -12),
             textcoords="offset points",
