@@ -263,13 +263,11 @@ def test_an_application_that_raises_ends_the_sweep_before_any_run(tmp_path, mlfl
 
 
 def test_a_dry_run_says_what_captured_stands_for(caplog, tmp_path):
-    from orchestrator.plan.config import validate_all
-    from orchestrator.plan.grid import GridRules
-    from orchestrator.run.sweep import dry_run_plan
+    from orchestrator.run.sweep import run_sweep
 
     configs, overrides = compose_jobs([*CAPTURED, f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"], shrink=False)
     with caplog.at_level("INFO", logger="phasesweep"):
-        dry_run_plan(validate_all(configs, overrides), configs, overrides, GridRules())
+        assert run_sweep(configs, overrides, tmp_path / "out", "pytest", dry_run=True) == {}
     out = caplog.text
     assert "1 variant(s) read 'captured'" in out and "a dry run does not run the application" in out
 

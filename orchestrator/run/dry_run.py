@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-from omegaconf import DictConfig
-
 from orchestrator.common.console import say
 from orchestrator.plan.capture import wants_capture
-from orchestrator.plan.grid import GridRules
-from orchestrator.plan.placement import capacity_text, local_capacity
-from orchestrator.plan.planner import Plan, make_plan
+from orchestrator.plan.placement import capacity_text
+from orchestrator.plan.planner import Plan
 from orchestrator.read.summary import plan_text
 from orchestrator.record.store import resolve_uri
 from orchestrator.record.tracking import existing_runs
-from orchestrator.run.scheduler import Scheduler
 
 
 def say_plan(plan: Plan) -> None:
@@ -34,23 +27,13 @@ def say_plan(plan: Plan) -> None:
         say(f"  A/B pair  {b} against {a}: timed interleaved once both are measured")
 
 
-def dry_run_plan(
-    points: list[Any], configs: Sequence[DictConfig], overrides: list[list[str]], rules: GridRules
-) -> Plan:
-    """The plan, printed, with how many runs the tracking store already holds for each
-    variant; nothing runs, no store is created. A local Ray is not started (the plan is made
-    for this machine as one would offer it); a cluster is joined, and left, for its capacity."""
-    cluster = points[0].cluster
-    if cluster.address is None:
-        capacity = local_capacity(cluster.num_cpus)
-        where = f"this machine as a local Ray would offer it (not started): {capacity_text(capacity)}"
-    else:
-        with Scheduler(cluster) as sched:
-            capacity = sched.capacity
-        where = f"the Ray cluster at {cluster.address}: {capacity_text(capacity)}"
-    plan = make_plan(points, configs, overrides, capacity, rules)
-    say_plan(plan)
-    say(f"dry run: planned for {where}")
+def say_dry_run(plan: Plan) -> None:
+    """The rest of a dry run's printout (say_plan gave its first lines): where it was planned,
+    how many runs the tracking store already holds for each variant, the whole plan. Nothing
+    runs, no store is created."""
+    cluster = plan.point.cluster
+    where = "this machine as a local Ray would offer it (not started)" if cluster.address is None else f"the Ray cluster at {cluster.address}"
+    say(f"dry run: planned for {where}: {capacity_text(plan.capacity)}")
     standing = sum(1 for pv in plan.variants if wants_capture(pv.variant.phase))
     if standing:
         say(
@@ -68,4 +51,3 @@ def dry_run_plan(
     else:
         say(f"dry run: no runs in {resolve_uri(tracking)} yet")
     say(plan_text(plan, existing, resume=tracking.resume))
-    return plan

@@ -18,7 +18,7 @@ from orchestrator.plan.grid import GridRules, grid_rules
 from orchestrator.plan.planner import Plan, make_plan
 from orchestrator.record.store import Store
 from orchestrator.record.tracking import Tracker
-from orchestrator.run.dry_run import dry_run_plan, say_plan
+from orchestrator.run.dry_run import say_dry_run, say_plan
 from orchestrator.run.scheduler import Scheduler
 from orchestrator.run.sweep_run import SweepRun
 
@@ -36,7 +36,7 @@ def run_sweep(
     points = validate_all(configs, overrides)
     rules = grid_rules(**(grid or {}))
     if dry_run:
-        dry_run_plan(points, configs, overrides, rules)
+        say_dry_run(dry_plan(Scheduler(points[0].cluster), points, configs, overrides, rules))
         return {}
     if points[0].cluster.address is None:  # a local Ray's tasks write this machine's export cache
         check_writable("cluster.export_cache", points[0].cluster.export_cache)
@@ -70,18 +70,28 @@ def run_sweep(
 
 
 def plan_on(sched: Scheduler, points: list[SweepPoint], configs: Sequence[DictConfig], overrides: list[list[str]],
-            rules: GridRules) -> Plan:  # fmt: skip
+            rules: GridRules, capture: bool = True) -> Plan:  # fmt: skip
     """The plan on the cluster's capacity (a cluster to join is started first, to read it),
-    after any captured application has run; printed."""
+    after any captured application has run (`capture`: a dry run runs none); printed."""
     if sched.capacity is None:  # a cluster to join (or a Ray this process runs): its capacity is read from it
         sched.start()
-    captures = Captures.of(points, sched.capacity)  # phase=captured: run each application first
+    captures = Captures.of(points, sched.capacity) if capture else None  # phase=captured: each application first
     if captures:
         captures.run(sched)
         captures.expand(points)
     plan = make_plan(points, configs, overrides, sched.capacity, rules, captures or None)
     say_plan(plan)
     return plan
+
+
+def dry_plan(sched: Scheduler, points: list[SweepPoint], configs: Sequence[DictConfig], overrides: list[list[str]],
+             rules: GridRules) -> Plan:  # fmt: skip
+    """The plan a sweep would make, made the same way: for this machine as a local Ray would
+    offer it (not started), or on a cluster joined, and left, for its capacity."""
+    try:
+        return plan_on(sched, points, configs, overrides, rules, capture=False)
+    finally:
+        sched.stop()
 
 
 def reusable(plan: Plan, tracker: Tracker, sched: Scheduler) -> dict[str, Any] | None:
