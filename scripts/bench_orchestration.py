@@ -18,15 +18,23 @@ differ in orchestration, not in how long each benchmark runs. Targets from issue
 2 cores: ours >= 1.7x faster than basic cold, warm >= 2x faster than cold, planning <= 10 s,
 the mission cold <= 15 s. The figures are printed as a table (and --json writes them).
 
+`--against CMD` times the mission command (as users run it: default measurement, an empty
+cache, a new folder) and another tool's command for the same grid alternately, `--rounds`
+times each, and prints their ratio round by round: a ratio taken in one sitting holds when
+the machine's speed drifts. Nothing else runs then.
+
     python scripts/bench_orchestration.py
     python scripts/bench_orchestration.py --json figures.json --keep /tmp/bo
+    python scripts/bench_orchestration.py --against "/path/to/run_anchor.sh grid" --rounds 2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,11 +70,37 @@ def sweep(folder: Path, *args: str) -> tuple[float, float | None, str]:
     return wall, first, out
 
 
+def against(other: str, rounds: int, work: Path) -> int:
+    """The mission command and `other`, alternately, `rounds` times: each wall time and their ratio."""
+    ratios = []
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        done = subprocess.run(shlex.split(other), cwd=work, capture_output=True, text=True)
+        theirs = time.perf_counter() - t0
+        if done.returncode != 0:
+            print(f"  (`{other}` exited {done.returncode}; its time still counts: {done.stdout[-300:]})", flush=True)
+        ours, _, _ = sweep(work / f"mission_{r}", *MISSION, f"cluster.export_cache={work / f'cache_{r}'}")
+        ratios.append(ours / theirs)
+        print(f"round {r + 1}: theirs {theirs:.1f} s, ours {ours:.1f} s, ours/theirs {ratios[-1]:.3f}", flush=True)
+    print(f"ours/theirs, median of {rounds}: {statistics.median(ratios):.3f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", type=Path, help="also write the figures here")
     p.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
+    p.add_argument("--against", help="another tool's command for the default grid, timed alternately with the mission command")
+    p.add_argument("--rounds", type=int, default=2, help="--against: rounds of each (default 2)")
     args = p.parse_args(argv)
+    if args.against:
+        work = args.keep or Path(tempfile.mkdtemp(prefix="phasesweep-bench-orch-"))
+        work.mkdir(parents=True, exist_ok=True)
+        try:
+            return against(args.against, args.rounds, work)
+        finally:
+            if not args.keep:
+                shutil.rmtree(work, ignore_errors=True)
     from tests.test_planning_scale import GRID_10K
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="phasesweep-bench-orch-"))
