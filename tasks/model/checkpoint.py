@@ -37,6 +37,7 @@ class Checkpoint:
     config: dict[str, Any]  # its config.json
     family: str  # the model.family of its model_type
     shapes: dict[str, list[int]]  # tensor name -> shape, from the safetensors headers
+    revision: str | None = None  # a Hugging Face id's commit (tasks.model.hub); None for a folder
 
     @property
     def name(self) -> str:
@@ -48,11 +49,12 @@ class Checkpoint:
         return folder if NAME.fullmatch(folder) and ".." not in folder else self.family
 
 
-def read_checkpoint(path: str | None) -> Checkpoint:
-    """The checkpoint at `path`, every rule checked; a ConfigError naming the first one broken."""
+def read_checkpoint(path: str | None, label: str | None = None) -> Checkpoint:
+    """The checkpoint at `path`, every rule checked; a ConfigError naming the first one broken.
+    `label`: what the error names instead of `path` (a Hugging Face id and its commit)."""
 
     def refuse(why: str) -> ConfigError:
-        return ConfigError(f"model.checkpoint={path!r}: {why}")
+        return ConfigError(f"model.checkpoint={label or repr(path)}: {why}")
 
     if path is None or not str(path).strip():
         raise refuse("empty; name a local Hugging Face model folder, or null (model.checkpoint=null) for the preset")
