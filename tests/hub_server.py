@@ -58,6 +58,7 @@ class Hub(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.repos: dict[str, Repo] = {}
         self.log: list[tuple[str, str]] = []  # (method, path) of every request
+        self.sent: dict[str, int] = {}  # file name -> bytes of it sent
 
     @property
     def endpoint(self) -> str:
@@ -68,7 +69,7 @@ class Hub(ThreadingHTTPServer):
         return self
 
     def downloads(self, name: str) -> int:
-        """GETs of a file of that name (its bytes sent)."""
+        """Whole GETs of a file of that name (not a range of it)."""
         return sum(1 for method, path in self.log if method == "GET" and "/resolve/" in path and path.endswith("/" + name))
 
 
@@ -86,7 +87,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, head: bool) -> None:
         path = unquote(urlsplit(self.path).path)
-        self.server.log.append(("HEAD" if head else "GET", path))
+        ranged = "Range" in self.headers
+        self.server.log.append(("HEAD" if head else "RANGE" if ranged else "GET", path))
         parts = path.strip("/").split("/")
         api = parts[:2] == ["api", "models"]
         repo_id = "/".join(parts[2:4] if api else parts[0:2])
@@ -128,6 +130,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if not head:
             self.wfile.write(data[start : end + 1])
+            name = entry["path"]
+            self.server.sent[name] = self.server.sent.get(name, 0) + end + 1 - start
 
     def _json(self, obj, head: bool) -> None:
         body = json.dumps(obj).encode()

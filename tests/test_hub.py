@@ -78,14 +78,29 @@ def go_offline(monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
-def test_an_id_is_downloaded_into_the_cache_then_read_offline(hub, hf_home, monkeypatch):
+def fill_cache(repo_id: str, revision: str | None = None) -> Path:
+    """What `hf download` does: the repository's snapshot in the cache, by huggingface_hub."""
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(repo_id, revision=revision))
+
+
+def test_the_driver_reads_the_headers_and_offline_the_cache_alone(hub, hf_home, monkeypatch):
+    weights = len(hub.repos[TINY].commits[hub.main]["model.safetensors"])
+    sent = hub.sent.get("model.safetensors", 0)
     ckpt = hub_checkpoint(TINY, None)
     assert ckpt.revision == hub.main and ckpt.family == "llama" and ckpt.name == "Tiny-Llama"
-    assert ckpt.root == hf_home / "models--phasesweep-test--Tiny-Llama" / "snapshots" / hub.main
-    assert hub.downloads("model.safetensors") >= 1
+    snapshot = hf_home / "models--phasesweep-test--Tiny-Llama" / "snapshots" / hub.main
+    assert ckpt.root == snapshot and ckpt.shapes["model.embed_tokens.weight"] == [512, 64]
+    assert hub.sent["model.safetensors"] - sent < weights and not (snapshot / "model.safetensors").exists()  # its header only
+    go_offline(monkeypatch)
+    with pytest.raises(ConfigError, match="the Hugging Face cache .* lacks it or some of its files at this revision; HF_HUB_OFFLINE=1 forbids a download"):
+        hub_checkpoint(TINY, None)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    fill_cache(TINY)
     go_offline(monkeypatch)
     asked = len(hub.log)
-    assert hub_checkpoint(TINY, None) == ckpt  # main, as the cache's refs name it
+    assert hub_checkpoint(TINY, None) == ckpt  # main, as the cache's refs name it, read from the files
     assert hub_checkpoint(TINY, hub.main) == ckpt
     assert len(hub.log) == asked, hub.log[asked:]  # offline: the Hub is never asked
 
@@ -135,7 +150,7 @@ def test_offline_an_id_not_in_the_cache_is_one_line(hub, hf_home, tmp_path, swee
     go_offline(monkeypatch)
     asked = len(hub.log)
     line = refused(sweep_in_tmp, tmp_path, f"model.checkpoint={TINY}")
-    assert line.startswith(f"model.checkpoint='{TINY}': no such local folder, and not in the Hugging Face cache"), line
+    assert line.startswith(f"model.checkpoint='{TINY}': no such local folder, and the Hugging Face cache"), line
     assert "HF_HUB_OFFLINE=1 forbids a download" in line and len(hub.log) == asked
 
 
@@ -145,8 +160,7 @@ def test_a_revision_without_an_id_is_refused(tmp_path, sweep_in_tmp, nothing_sta
 
 
 def test_an_existing_local_path_wins_over_an_id(hub, hf_home, tmp_path, monkeypatch):
-    ckpt = hub_checkpoint(TINY, "v1")
-    local = shutil.copytree(ckpt.root, tmp_path / TINY)
+    local = shutil.copytree(fill_cache(TINY, "v1"), tmp_path / TINY)
     monkeypatch.chdir(tmp_path)
     assert not is_hub_id(TINY) and is_hub_id("phasesweep-test/Elsewhere") and not is_hub_id("./a/b") and not is_hub_id("/a/b")
     (pv,) = plan_jobs(["phase=decode", f"model.checkpoint={TINY}"]).variants
@@ -179,7 +193,7 @@ def test_a_sweep_of_a_cached_id_offline_runs_and_records_its_commit(hub, hf_home
     cache and HF_HUB_OFFLINE=1: no Hub at all (HF_ENDPOINT a closed port)."""
     from mlflow.tracking import MlflowClient
 
-    hub_checkpoint(TINY, None)  # the cache filled by huggingface_hub's own download
+    fill_cache(TINY)  # by huggingface_hub's own download
     env = {**os.environ, "PWD": str(tmp_path), "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
     uri = mlflow_db(tmp_path)
     argv = [sys.executable, str(ROOT / "sweep.py"), "-m", f"model.checkpoint={TINY}", "phase=prefill,decode", *SHRINK, cache_override]

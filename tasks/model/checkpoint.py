@@ -49,9 +49,11 @@ class Checkpoint:
         return folder if NAME.fullmatch(folder) and ".." not in folder else self.family
 
 
-def read_checkpoint(path: str | None, label: str | None = None) -> Checkpoint:
+def read_checkpoint(path: str | None, label: str | None = None, shapes: dict[str, list[int]] | None = None) -> Checkpoint:
     """The checkpoint at `path`, every rule checked; a ConfigError naming the first one broken.
-    `label`: what the error names instead of `path` (a Hugging Face id and its commit)."""
+    `label`: what the error names instead of `path` (a Hugging Face id and its commit);
+    `shapes`: the tensors' shapes read elsewhere (a Hub id's safetensors headers, by HTTP
+    range), checked against config.json instead of the folder's weights files."""
 
     def refuse(why: str) -> ConfigError:
         return ConfigError(f"model.checkpoint={label or repr(path)}: {why}")
@@ -75,7 +77,7 @@ def read_checkpoint(path: str | None, label: str | None = None) -> Checkpoint:
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
         raise refuse(f"{CONFIG} has a quantization_config (quant_method={method!r}); load full-precision weights")
     try:
-        shapes = _weights(root, refuse)
+        shapes = _weights(root, refuse) if shapes is None else shapes
     except OSError as e:  # a folder or file this user cannot read
         raise refuse(f"cannot read {e.filename or root} ({e.strerror or e})") from None
     _check_shapes(family, config, shapes, refuse)

@@ -44,9 +44,13 @@ def hub_checkpoint(repo_id: str, revision: str | None) -> Checkpoint:
     label = repr(repo_id) + (f" (model.revision={revision!r})" if revision else "")
     first = _snapshot(repo_id, revision, [CONFIG, INDEX], label)  # the commit, its listing, config.json
     commit = first.name
-    _check_listing(repo_id, commit, f"{label} (commit {commit})")
+    named = f"{label} (commit {commit})"
+    _check_listing(repo_id, commit, named)
+    shapes = _remote_shapes(repo_id, commit, named)
+    if shapes is not None:  # the weights are not here: their headers suffice, each task fetches them on its node
+        return replace(read_checkpoint(str(first), named, shapes), revision=commit)
     root = _snapshot(repo_id, commit, WANTED, label)
-    return replace(read_checkpoint(str(root), f"{label} (commit {commit})"), revision=commit)
+    return replace(read_checkpoint(str(root), named), revision=commit)
 
 
 def _snapshot(repo_id: str, revision: str | None, patterns: list[str], label: str) -> Path:
@@ -68,10 +72,12 @@ def _snapshot(repo_id: str, revision: str | None, patterns: list[str], label: st
         ) from None
     except errors.RevisionNotFoundError:
         raise refuse(f"the repository has no revision {revision!r}; give a branch, a tag or a commit hash") from None
-    except errors.LocalEntryNotFoundError as e:  # and IncompleteSnapshotError: offline, or the Hub out of reach
-        where = "only partly in" if isinstance(e, errors.IncompleteSnapshotError) else "not in"
+    except errors.LocalEntryNotFoundError as e:  # offline, or the Hub out of reach
         why = OFFLINE if is_offline_mode() else f"the Hub cannot be reached ({type(e.__cause__ or e).__name__})"
-        raise refuse(f"no such local folder, and {where} the Hugging Face cache ({constants.HF_HUB_CACHE}) at this revision; {why}") from None
+        raise refuse(
+            f"no such local folder, and the Hugging Face cache ({constants.HF_HUB_CACHE}) lacks it or some of its files "
+            f"at this revision; {why}"
+        ) from None
     except errors.HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else "?"
         raise refuse(f"the Hub answered HTTP {status} ({str(e).splitlines()[0]})") from None
@@ -96,6 +102,28 @@ def _check_listing(repo_id: str, commit: str, label: str) -> None:
         pickles = [f for f in top if f.endswith(PICKLES)]
         found = f"only pickle weights ({', '.join(pickles[:3])}), never loaded" if pickles else "no weights"
         raise ConfigError(f"model.checkpoint={label}: the repository holds {found}; phasesweep loads {SINGLE} (or sharded safetensors) only")
+
+
+def _remote_shapes(repo_id: str, commit: str, label: str) -> dict[str, list[int]] | None:
+    """The tensors' shapes from the Hub's safetensors headers (HTTP ranges, never the weights),
+    when the cache lacks some of the weights and the Hub may be asked; else None."""
+    # lazy: huggingface_hub's client, only for a Hub id
+    from huggingface_hub import HfApi, errors, is_offline_mode, snapshot_download
+
+    if is_offline_mode():
+        return None
+    try:  # the cache holds every file of the snapshot already: read there
+        snapshot_download(repo_id, revision=commit, allow_patterns=WANTED, ignore_patterns=SUBFOLDERS, local_files_only=True)
+        return None
+    except errors.LocalEntryNotFoundError:
+        pass
+    try:
+        found = HfApi().get_safetensors_metadata(repo_id, revision=commit)
+    except (errors.NotASafetensorsRepoError, errors.SafetensorsParsingError) as e:
+        raise ConfigError(f"model.checkpoint={label}: {str(e).splitlines()[0]}") from None
+    except (errors.HfHubHTTPError, OSError):
+        return None  # the headers out of reach: the weights themselves are fetched and read
+    return {name: list(t.shape) for meta in found.files_metadata.values() for name, t in meta.tensors.items()}
 
 
 def local_model(model: ModelSpec) -> ModelSpec:
