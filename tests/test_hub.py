@@ -207,3 +207,14 @@ def test_a_sweep_of_a_cached_id_offline_runs_and_records_its_commit(hub, hf_home
         assert run.data.tags["status"] == "ok", run.data.tags
         assert run.data.params["model.checkpoint"] == TINY and run.data.params["model.revision"] == hub.main
         assert f"revision: {hub.main}" in Path(client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))).read_text()
+
+
+def test_a_task_that_cannot_fetch_its_commit_fails_to_load_naming_it(hub, hf_home, monkeypatch):
+    from orchestrator.run.entries import on_this_node
+    from tasks.specs import CaptureOptions, CaptureSpec
+
+    go_offline(monkeypatch)
+    spec = CaptureSpec("key", model_spec("llama", checkpoint=TINY, revision=hub.v1), "app:run", CaptureOptions(), 1, "store")
+    same, failure = on_this_node(spec)
+    assert same is spec and failure.stage == "load"
+    assert failure.error.startswith(f"model.checkpoint={TINY!r} at commit {hub.v1}: "), failure.error
