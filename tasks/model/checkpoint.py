@@ -1,4 +1,5 @@
-"""Every rule a local checkpoint folder must meet, checked with the standard library alone.
+"""Every rule a local checkpoint folder must meet, checked with the standard library alone
+(a Hugging Face id is resolved to its snapshot folder first: tasks/model/hub.py).
 
 The driver reads a checkpoint here before any work (its family, its config, its name) and
 the worker checks it again here before loading it, so each rule has one home. A refusal is
@@ -59,10 +60,10 @@ def read_checkpoint(path: str | None, label: str | None = None, shapes: dict[str
         return ConfigError(f"model.checkpoint={label or repr(path)}: {why}")
 
     if path is None or not str(path).strip():
-        raise refuse("empty; name a local Hugging Face model folder, or null (model.checkpoint=null) for the preset")
+        raise refuse("empty; name a local Hugging Face model folder or a Hub id ORG/NAME, or null (model.checkpoint=null) for the preset")
     root = Path(path).expanduser()
     if not root.exists():
-        raise refuse("no such folder; expected a local Hugging Face model folder (save_pretrained output)")
+        raise refuse("no such folder; expected a local Hugging Face model folder (save_pretrained output) or a Hub id ORG/NAME")
     if not root.is_dir():
         raise refuse("is not a folder; expected a local Hugging Face model folder (save_pretrained output)")
     root = root.resolve()
