@@ -7,9 +7,10 @@ folder of this machine's Hugging Face cache (HF_HOME, HF_HUB_CACHE): files alrea
 used, others downloaded, none with HF_HUB_OFFLINE=1 (a branch or tag is then read from the
 cache's refs). The token is huggingface_hub's own (HF_TOKEN, or `hf auth login`), never a key.
 
-The driver resolves the id once (hub_checkpoint: the commit, then every rule of
-tasks.model.checkpoint on the snapshot); each task resolves that commit on its own node
-(local_model), one download per commit and node under a file lock.
+The driver resolves the id once (hub_checkpoint: the commit, then the rules of
+tasks.model.checkpoint on the cached snapshot, or on config.json and the safetensors headers
+read from the Hub when the weights are not cached); each task resolves that commit on its own
+node (local_model), one download per commit and node under a file lock.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ def is_hub_id(value: str | None) -> bool:
 
 
 def hub_checkpoint(repo_id: str, revision: str | None) -> Checkpoint:
-    """The id's snapshot at `revision`, from this machine's cache or downloaded into it, every
-    rule of tasks.model.checkpoint checked; its `revision` is the commit. A one-line
-    ConfigError naming the id otherwise. The listing and config come first, so a repository
-    without config.json or safetensors weights is refused before its weights are fetched."""
+    """The id's checkpoint at `revision`, its `revision` the commit: the cached snapshot with
+    every rule of tasks.model.checkpoint checked, or, when the cache lacks its weights, its
+    config.json checked against the safetensors headers alone. A one-line ConfigError naming
+    the id otherwise. The listing comes first: no config.json or only pickle weights are
+    refused before any weights are asked for."""
     label = repr(repo_id) + (f" (model.revision={revision!r})" if revision else "")
     first = _snapshot(repo_id, revision, [CONFIG, INDEX], label)  # the commit, its listing, config.json
     commit = first.name
@@ -55,7 +57,7 @@ def hub_checkpoint(repo_id: str, revision: str | None) -> Checkpoint:
 
 def _snapshot(repo_id: str, revision: str | None, patterns: list[str], label: str) -> Path:
     """snapshot_download of `patterns`, its errors as one line naming the id."""
-    # lazy: huggingface_hub's client (~0.2 s of imports), only for a Hub id
+    # lazy: huggingface_hub's client (httpx and its API), only for a Hub id
     from huggingface_hub import constants, errors, is_offline_mode, snapshot_download
 
     def refuse(why: str) -> ConfigError:
