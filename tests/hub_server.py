@@ -153,3 +153,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if not head:
             self.wfile.write(body)
+
+
+def tiny_llama_hub(folder: Path, repo_id: str) -> Hub:
+    """A started Hub serving the tiny llama preset (its save_pretrained) as `repo_id`; its
+    main commit is the Hub's `main`."""
+    from tasks.model.models import build_model
+    from tests.conftest import model_spec
+
+    build_model(model_spec("llama")).save_pretrained(folder)
+    hub = Hub().start()
+    hub.repos[repo_id] = Repo()
+    hub.main = hub.repos[repo_id].add("main", folder_files(folder))
+    return hub
