@@ -99,13 +99,14 @@ class ModelSpec:
     family: str  # transformers architecture: "llama", "phi3"
     size: str  # preset size: "tiny", "1b", "mini"
     arch: dict[str, Any]  # kwargs of the transformers config class for this size
-    checkpoint: str | None = None  # local Hugging Face directory with safetensors weights
+    checkpoint: str | None = None  # local Hugging Face directory with safetensors weights, or a Hub id
     dtype: str = "float32"
     seed: int = 0
     kv_cache: str = "static"  # tasks/model/kv_cache.py implementation
     attention: str = "sdpa"  # tasks/model/sdpa.py implementation
     quant: str = "none"  # QUANTS: weight quantisation, made by each format's or runtime's own path
     quant_group: int = 32  # group size of int4 / 8da4w weights
+    revision: str | None = None  # a Hub id's commit hash (tasks/model/hub.py); None for a folder or preset
 
 
 @dataclass  # not frozen: OmegaConf cannot merge values into a frozen dataclass nested in a schema

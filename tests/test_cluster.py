@@ -28,6 +28,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import FAST_OVERRIDES, ROOT, in_session
+from tests.hub_server import tiny_llama_hub
 from tests.test_tracking_server import credentials, free_port, rest
 
 pytestmark = pytest.mark.slow
@@ -165,6 +166,9 @@ SUBMITTED_BENCH = [*(o for o in FAST_OVERRIDES if not o.startswith("bench.repeat
 VARIANTS = {
     f"{m}_{p}_{b}_cpu" for m in ("llama", "phi3") for p in ("prefill", "decode") for b in ("onnxruntime", "executorch")
 }
+# a Hugging Face id served by a local Hub (tests/hub_server.py), resolved by each node on its own
+HUB_ID, HUB_EXPERIMENT = "phasesweep-test/Tiny-Llama", "hub-id"
+HUB_SWEEP = ["-m", f"model.checkpoint={HUB_ID}", "phase=prefill,decode", "backend=onnxruntime", f"tracking.experiment={HUB_EXPERIMENT}"]
 needs_postgres = pytest.mark.skipif(
     not glob.glob("/usr/lib/postgresql/*/bin/initdb"),
     reason="needs Debian's postgresql package (apt-get install postgresql; .ci/run installs it)",
@@ -212,6 +216,8 @@ class LoopbackCluster:
         else:
             self.tmp, self.env, self.port, self.url, self.server = user.tmp, user.env, user.port, user.url, user.server
         self.caches = {"head": folder / "cache-head", "worker": folder / "cache-worker"}
+        self.hf = {"head": folder / "hf-head", "worker": folder / "hf-worker"}  # each node's own Hugging Face cache
+        self.hf_env: dict[str, dict[str, str]] = {}  # node kind -> its Hugging Face settings
 
     def script(self, *args: str, env=None, timeout: float = 300, session: bool = False):
         return run(["bash", *args], {**self.env, **(env or {})}, timeout, session)
@@ -241,7 +247,7 @@ class LoopbackCluster:
         """A node as a user starts it; its node.json, which the script wrote into its folder."""
         proc = subprocess.Popen(
             ["bash", "scripts/cluster.sh", kind, *args, "--cache", str(self.caches[kind]), "--num-cpus", "1"],
-            env={**self.env, **(env or {})},
+            env={**self.env, **self.hf_env.get(kind, {}), **(env or {})},
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -305,16 +311,30 @@ def server_processes(folder: Path) -> list[str]:
 def submitted(tmp_path_factory):
     """The mission's command submitted to the loopback cluster: (cluster, job's output, REST
     view of its runs, what outlived the stop, server processes left)."""
+    from huggingface_hub import snapshot_download
+
     folder = tmp_path_factory.mktemp("cluster")
     cluster = LoopbackCluster(folder)
+    hub = tiny_llama_hub(folder / "hub-repo", HUB_ID)
+    # the head reads its own cache alone (offline, filled beforehand); the worker's starts empty, the local Hub its only source
+    snapshot_download(HUB_ID, cache_dir=cluster.hf["head"], endpoint=hub.endpoint)
+    cluster.hf_env = {
+        "head": {"HF_HUB_CACHE": str(cluster.hf["head"]), "HF_HUB_OFFLINE": "1"},
+        "worker": {"HF_HUB_CACHE": str(cluster.hf["worker"]), "HF_ENDPOINT": hub.endpoint},
+    }
     try:
         cluster.start("--port", str(free_port()), "--dashboard-port", str(free_port()))
         job = cluster.submit(*MISSION, *SUBMITTED_BENCH, "tracking=server", f"tracking.uri={cluster.url}")
         if job.returncode != 0:  # kept for the failure message: the nodes' folders go with the stop
             job.stderr += "\n" + cluster.runtime_env_logs()
         refused = cluster.submit("-m", "model=llama", "phase=decode", *FAST_OVERRIDES)  # no server: refused
+        fetched = hub.downloads("model.safetensors")
+        hub_job = cluster.submit(*HUB_SWEEP, *SUBMITTED_BENCH, "tracking=server", f"tracking.uri={cluster.url}")
         experiments = cluster.api("/api/2.0/mlflow/experiments/search", {"max_results": 100})["experiments"]
-        ids = [e["experiment_id"] for e in experiments]
+        ids = [e["experiment_id"] for e in experiments if e["name"] != HUB_EXPERIMENT]
+        hub_ids = [e["experiment_id"] for e in experiments if e["name"] == HUB_EXPERIMENT]
+        hub_runs = cluster.api("/api/2.0/mlflow/runs/search", {"experiment_ids": hub_ids, "max_results": 100}).get("runs", []) if hub_ids else []
+        cluster.hub_sweep = SimpleNamespace(job=hub_job, runs=hub_runs, hub=hub, fetched=hub.downloads("model.safetensors") - fetched)
         runs = cluster.api("/api/2.0/mlflow/runs/search", {"experiment_ids": ids, "max_results": 1000}).get("runs", [])
         listing = {}
         for r in runs:
@@ -327,6 +347,7 @@ def submitted(tmp_path_factory):
                 listing[(run_id, f["path"])] = cluster.api(f"/api/2.0/mlflow/artifacts/list?{query}").get("files", [])
     finally:
         left = cluster.stop()
+        hub.shutdown()
     yield cluster, job, refused, runs, listing, left, server_processes(cluster.server)
     shutil.rmtree(cluster.server, ignore_errors=True)
     shutil.rmtree(cluster.tmp, ignore_errors=True)
@@ -390,6 +411,25 @@ def test_benchmarks_ran_on_both_nodes_and_exports_crossed_between_them(submitted
         for kind, folder in cluster.caches.items()
     }
     assert held["head"] and held["worker"] and held["head"] != held["worker"], held
+
+
+@needs_postgres
+def test_a_hub_id_resolves_on_each_node_from_its_own_cache(submitted):
+    """The same id and commit on both nodes, no shared folder: the head (offline) from its own
+    cache, the worker by one download into its own, for all its tasks."""
+    cluster = submitted[0]
+    got = cluster.hub_sweep
+    assert got.job.returncode == 0, got.job.stdout[-6000:] + got.job.stderr[-8000:]
+    variants = {r["info"]["run_name"]: r for r in got.runs if fields(r, "tags").get("phasesweep.role") == "variant"}
+    assert set(variants) == {f"Tiny-Llama_{p}_onnxruntime_cpu" for p in ("prefill", "decode")}, set(variants)
+    params = [fields(r, "params") for r in variants.values()]
+    assert all(fields(r, "tags")["status"] == "ok" for r in variants.values())
+    assert all(p["model.checkpoint"] == HUB_ID and p["model.revision"] == got.hub.main for p in params), params
+    nodes = {p["export.ray_node"] for p in params} | {n for p in params for n in per_repeat(p, "runtime.ray_node")}
+    assert len(nodes) == 2, nodes  # each node resolved the id for a task of its own
+    assert got.fetched == 1  # the worker's tasks: one download; the head's: none
+    snapshot = Path("models--phasesweep-test--Tiny-Llama") / "snapshots" / got.hub.main / "model.safetensors"
+    assert (cluster.hf["worker"] / snapshot).is_file() and (cluster.hf["head"] / snapshot).is_file()
 
 
 @needs_postgres

@@ -371,7 +371,7 @@ def test_an_export_key_is_the_digest_of_its_whole_identity():
         v = pv.variant
         model = dataclasses.asdict(v.model)
         model.pop("name")
-        model["checkpoint"] = variant._checkpoint_identity(v.model.checkpoint)
+        model["checkpoint"] = variant._checkpoint_identity(v.model.checkpoint, v.model.revision)
         fmt = v.backend.export_format
         whole = {
             "model": model,

@@ -21,6 +21,7 @@ from orchestrator.plan.convert import merged, plain_object
 from tasks.export import format_module
 from tasks.model.checkpoint import read_checkpoint
 from tasks.model.families import FAMILIES, check_attention, graph_scalings, model_dims
+from tasks.model.hub import hub_checkpoint, is_hub_id
 from tasks.phases import phase_module
 from tasks.runtimes import profiled_runtimes, runtime_module
 from tasks.specs import (
@@ -55,9 +56,15 @@ class ModelCfg:
     attention: str = "sdpa"
     quant: str = "none"
     quant_group: int = 32
+    revision: str | None = None  # a Hub id's branch, tag or commit (null: its default branch); once read, the commit
 
     def check(self) -> None:
         safe_name("model.name", self.name)
+        if self.revision is not None and not (self.checkpoint and is_hub_id(self.checkpoint)):
+            raise ConfigError(
+                f"model.revision={self.revision!r} with model.checkpoint={self.checkpoint!r}: a revision chooses a "
+                "commit of a Hugging Face id (model.checkpoint=ORG/NAME, no local path of that name); leave it null"
+            )
         choice("model.family", self.family, FAMILIES)
         choice("model.size", self.size, self.sizes)
         choice("model.dtype", self.dtype, DTYPES)
@@ -72,10 +79,15 @@ class ModelCfg:
         checkpoint's exact parameter count (from its tensors' shapes; None for a preset). A
         checkpoint (tasks.model.checkpoint: every rule, before any work) sets the family and,
         unless `named` (model.name given), the name; `chosen`: the command line's `model=` or
-        `model.family=`, refused when its family is not the checkpoint's."""
+        `model.family=`, refused when its family is not the checkpoint's. A Hugging Face id
+        (tasks.model.hub) is resolved first: `revision` becomes the commit it names."""
         if self.checkpoint is None:
             return dict(self.sizes[self.size]), None
-        ckpt = read_checkpoint(self.checkpoint)
+        if is_hub_id(self.checkpoint):
+            ckpt = hub_checkpoint(self.checkpoint, self.revision)
+            self.revision = ckpt.revision
+        else:
+            ckpt = read_checkpoint(self.checkpoint)
         if ckpt.family != self.family:
             if chosen is not None:
                 raise ConfigError(

@@ -39,15 +39,26 @@ def _tasks_source_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def _checkpoint_identity(path: str | None) -> dict[str, Any] | None:
+def _checkpoint_identity(path: str | None, revision: str | None) -> dict[str, Any] | None:
+    """A folder by its files' names, sizes and times; a Hugging Face id by its id (its commit,
+    model.revision, is in the model's identity too: a new commit is a new export)."""
     if not path:
         return None
+    if revision:
+        return {"hub": path, "revision": revision}
     root = Path(path).expanduser().resolve()
     files = sorted(root.glob("*.safetensors")) + [root / "config.json"]
     return {
         "path": str(root),
         "files": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files if p.exists()],
     }
+
+
+def _checkpoint(path: str | None, revision: str | None) -> str | None:
+    """A folder as its absolute path; a Hugging Face id (it has a commit) as it is."""
+    if not path or revision:
+        return path or None
+    return str(Path(path).expanduser().resolve())
 
 
 def quality_spec(bench: BenchOptions) -> QualitySpec | None:
@@ -84,7 +95,7 @@ def _model_identity(model: ModelSpec) -> dict[str, Any]:
     """What of the model changes an export: all but a preset's label, a checkpoint by its files."""
     identity = asdict(model)
     identity.pop("name")
-    identity["checkpoint"] = _checkpoint_identity(model.checkpoint)
+    identity["checkpoint"] = _checkpoint_identity(model.checkpoint, model.revision)
     return identity
 
 
@@ -239,7 +250,8 @@ class Variant:
             family=m.family,
             size="checkpoint" if m.checkpoint else m.size,
             arch={} if m.checkpoint else dict(m.sizes[m.size]),
-            checkpoint=str(Path(m.checkpoint).expanduser().resolve()) if m.checkpoint else None,
+            checkpoint=_checkpoint(m.checkpoint, m.revision),
+            revision=m.revision,  # a Hub id's commit, as the driver resolved it (tasks.model.hub)
             dtype=m.dtype,
             seed=m.seed,
             kv_cache=m.kv_cache,

@@ -1,5 +1,7 @@
 """What a Ray task runs: each kind's work in a fresh child process of the worker's
-(tasks/jobs.py), through this node's fork server when it has one."""
+(tasks/jobs.py), through this node's fork server when it has one. A Hugging Face id is made
+this node's snapshot folder of its commit first (tasks.model.hub.local_model): the work sees a
+folder, and no node needs a shared one."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.run.fork_hosts import fork_folder
-from tasks.specs import BenchResult, Failure
+from tasks.model.hub import local_model
+from tasks.specs import BenchResult, CaptureResult, ExportResult, Failure
 from tasks.worker.forks import EXPORT_SERVER, bench_server
 
 
@@ -18,6 +21,15 @@ def node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
+def on_this_node(spec):
+    """`spec` with its model's Hugging Face id made this node's snapshot folder, or the Failure
+    of fetching it (huggingface_hub's errors are OSErrors)."""
+    try:
+        return replace(spec, model=local_model(spec.model)), None
+    except (OSError, ValueError) as e:
+        return spec, Failure("load", f"model.checkpoint={spec.model.checkpoint!r} at commit {spec.model.revision}: {e}")
+
+
 def export_entry(spec, timeout_s, forks, ship):
     """The export, into this node's own cache (tasks/worker/transfer.py); with `ship`, its entry
     packed as the task's second return, which Ray's object store takes to any node."""
@@ -25,6 +37,9 @@ def export_entry(spec, timeout_s, forks, ship):
     from tasks.jobs import export_in_fresh_process
     from tasks.worker.transfer import node_entry, pack
 
+    spec, failure = on_this_node(spec)
+    if failure:
+        return ExportResult(spec.key, spec.out_dir, ok=False, failure=failure), None
     result = export_in_fresh_process(replace(spec, out_dir=node_entry(spec.out_dir)), timeout_s, fork_folder(forks, EXPORT_SERVER))
     if not result.ok:
         return result, None
@@ -39,7 +54,9 @@ def bench_entry(spec, timeout_s, forks, packed=None):
     from tasks.jobs import bench_in_fresh_process
     from tasks.worker.transfer import localise, node_entry
 
-    spec = replace(spec, export_dir=node_entry(spec.export_dir))
+    spec, failure = on_this_node(replace(spec, export_dir=node_entry(spec.export_dir)))
+    if failure:
+        return BenchResult(spec.variant, ok=False, failure=failure)
     try:
         source = localise(spec.export_dir, packed)
     except (OSError, ValueError) as e:
@@ -54,6 +71,9 @@ def capture_entry(spec, timeout_s, _forks):
     # lazy: numpy and this kind's modules; every Ray worker imports this module
     from tasks.phases.captured import capture_in_fresh_process
 
+    spec, failure = on_this_node(spec)
+    if failure:
+        return CaptureResult(spec.key, ok=False, failure=failure)
     return capture_in_fresh_process(spec, timeout_s)
 
 
@@ -66,7 +86,9 @@ def pair_entry(spec, timeout_s, _forks, packed=(None, None)):
 
     sides = []
     for bench, shipped in zip((spec.baseline, spec.candidate), packed, strict=True):
-        bench = replace(bench, export_dir=node_entry(bench.export_dir))
+        bench, failure = on_this_node(replace(bench, export_dir=node_entry(bench.export_dir)))
+        if failure:
+            return PairResult(spec.name, failure=failure)
         try:
             localise(bench.export_dir, shipped)
         except (OSError, ValueError) as e:

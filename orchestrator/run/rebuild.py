@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from orchestrator.plan.config import ConfigError, validate
 from orchestrator.plan.planner import bench_spec, export_spec
 from orchestrator.plan.variant import Variant
 from tasks.jobs import export_in_fresh_process
+from tasks.model.hub import local_model
 from tasks.paired import PairSpec
 from tasks.worker.entries import verify_entry, write_manifest
 from tasks.worker.transfer import node_entry
@@ -43,6 +45,14 @@ def recorded_variant(client: Any, run: Any) -> Variant:
         raise Unavailable(f"its recorded config no longer validates: {e}") from None
 
 
+def _here(spec: Any) -> Any:
+    """`spec` with its model's Hugging Face id made this node's snapshot folder (tasks.model.hub)."""
+    try:
+        return replace(spec, model=local_model(spec.model))
+    except (OSError, ValueError) as e:
+        raise Unavailable(f"model.checkpoint={spec.model.checkpoint!r} at commit {spec.model.revision}: {e}") from None
+
+
 def _entry(client: Any, run: Any, v: Variant, work: Path, timeout_s: float | None) -> str:
     """The export entry to time: the sweep's own when intact here (in this node's cache on a
     cluster), else one made again."""
@@ -55,7 +65,8 @@ def _entry(client: Any, run: Any, v: Variant, work: Path, timeout_s: float | Non
         why = tags.get("model_not_logged", "the sweep stored no copy of the model")
         raise Unavailable(f"its export {entry} is gone from this machine and {why}")
     out = work / f"{run.info.run_id}"
-    result = export_in_fresh_process(export_spec(v, str(out)), timeout_s)
+    spec = export_spec(v, str(out))
+    result = export_in_fresh_process(_here(spec), timeout_s)
     if not result.ok:
         raise Unavailable(f"its export could not be made again: {result.failure.error}")
     if v.backend.export_format != "none":  # the model as the sweep measured it, not as made now
@@ -78,7 +89,8 @@ def pair_spec(client: Any, name: str, runs: dict[str, Any], work: Path, options:
     for side, run in runs.items():
         try:
             v = recorded_variant(client, run)
-            specs[side] = bench_spec(name, v, _entry(client, run, v, work / side, timeout_s))
+            spec = bench_spec(name, v, _entry(client, run, v, work / side, timeout_s))
+            specs[side] = _here(spec)
         except Unavailable as e:
             raise Unavailable(f"the {side} side: {e}") from None
     base, cand = specs["baseline"], specs["candidate"]

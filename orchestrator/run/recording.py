@@ -34,9 +34,16 @@ def git_commit() -> str:
         return "unknown"
 
 
-def config_yaml(cfg: DictConfig) -> str:
+def config_yaml(cfg: DictConfig, revision: str | None = None) -> str:
+    """The variant's config as it ran; a Hugging Face id's `revision`: the commit the sweep
+    resolved, so a rebuild from it (compare --remeasure) loads the same weights."""
     cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
-    return OmegaConf.to_yaml(cfg, resolve=True)
+    text = OmegaConf.to_yaml(cfg, resolve=True)
+    if revision is None:
+        return text
+    pinned = OmegaConf.create(text)
+    pinned.model.revision = revision
+    return OmegaConf.to_yaml(pinned)
 
 
 def axes(v: Variant) -> dict[str, str]:

@@ -82,11 +82,11 @@ class SweepRun:
                 reused[pv.name] = earlier[v.bench_key].info.run_id
                 continue
             tags = {**self._tags(v), "status": Status.PLANNED, "export_key": v.export_key, "bench_key": v.bench_key}
-            run_id = self.tracker.start_variant(self.parent, pv.name, tags, v.params, config_yaml(pv.config))
+            run_id = self.tracker.start_variant(self.parent, pv.name, tags, v.params, config_yaml(pv.config, v.model.revision))
             self.outcomes[pv.name] = Outcome(pv.name, run_id=run_id, axes=axes(v))
         for s in self.plan.skipped:
             tags = {**self._tags(s.variant), "status": Status.SKIPPED, "skip_reason": s.reason}
-            run_id = self.tracker.start_variant(self.parent, s.name, tags, s.variant.params, config_yaml(s.config))
+            run_id = self.tracker.start_variant(self.parent, s.name, tags, s.variant.params, config_yaml(s.config, s.variant.model.revision))
             self.tracker.end(run_id, "FINISHED")
             self.outcomes[s.key] = Outcome(s.name, Status.SKIPPED, run_id, axes(s.variant), error=s.reason)
         if self.plan.captures:  # each application's own figures and the calls it made

@@ -1,4 +1,5 @@
-"""Every rule a local checkpoint folder must meet, checked with the standard library alone.
+"""Every rule a local checkpoint folder must meet, checked with the standard library alone
+(a Hugging Face id is resolved to its snapshot folder first: tasks/model/hub.py).
 
 The driver reads a checkpoint here before any work (its family, its config, its name) and
 the worker checks it again here before loading it, so each rule has one home. A refusal is
@@ -37,6 +38,7 @@ class Checkpoint:
     config: dict[str, Any]  # its config.json
     family: str  # the model.family of its model_type
     shapes: dict[str, list[int]]  # tensor name -> shape, from the safetensors headers
+    revision: str | None = None  # a Hugging Face id's commit (tasks.model.hub); None for a folder
 
     @property
     def name(self) -> str:
@@ -48,17 +50,20 @@ class Checkpoint:
         return folder if NAME.fullmatch(folder) and ".." not in folder else self.family
 
 
-def read_checkpoint(path: str | None) -> Checkpoint:
-    """The checkpoint at `path`, every rule checked; a ConfigError naming the first one broken."""
+def read_checkpoint(path: str | None, label: str | None = None, shapes: dict[str, list[int]] | None = None) -> Checkpoint:
+    """The checkpoint at `path`, every rule checked; a ConfigError naming the first one broken.
+    `label`: what the error names instead of `path` (a Hugging Face id and its commit);
+    `shapes`: the tensors' shapes read elsewhere (a Hub id's safetensors headers, by HTTP
+    range), checked against config.json instead of the folder's weights files."""
 
     def refuse(why: str) -> ConfigError:
-        return ConfigError(f"model.checkpoint={path!r}: {why}")
+        return ConfigError(f"model.checkpoint={label or repr(path)}: {why}")
 
     if path is None or not str(path).strip():
-        raise refuse("empty; name a local Hugging Face model folder, or null (model.checkpoint=null) for the preset")
+        raise refuse("empty; name a local Hugging Face model folder or a Hub id ORG/NAME, or null (model.checkpoint=null) for the preset")
     root = Path(path).expanduser()
     if not root.exists():
-        raise refuse("no such folder; expected a local Hugging Face model folder (save_pretrained output)")
+        raise refuse("no such folder; expected a local Hugging Face model folder (save_pretrained output) or a Hub id ORG/NAME")
     if not root.is_dir():
         raise refuse("is not a folder; expected a local Hugging Face model folder (save_pretrained output)")
     root = root.resolve()
@@ -73,7 +78,7 @@ def read_checkpoint(path: str | None) -> Checkpoint:
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
         raise refuse(f"{CONFIG} has a quantization_config (quant_method={method!r}); load full-precision weights")
     try:
-        shapes = _weights(root, refuse)
+        shapes = _weights(root, refuse) if shapes is None else shapes
     except OSError as e:  # a folder or file this user cannot read
         raise refuse(f"cannot read {e.filename or root} ({e.strerror or e})") from None
     _check_shapes(family, config, shapes, refuse)
