@@ -57,7 +57,7 @@ def _every_format_movement() -> dict[str, frozenset[str]]:
     from tasks.export import format_module
     from tasks.registry import available
 
-    tables = [getattr(format_module(name), "MOVEMENT", {}) for name in available("tasks.export")]
+    tables = [format_module(name).MOVEMENT for name in available("tasks.export")]
     return {kind: frozenset().union(*(t.get(kind, ()) for t in tables)) for kind in KINDS}
 
 

@@ -8,24 +8,13 @@ from typing import Any
 
 import numpy as np
 
+from tasks.contract import Runtime
 from tasks.measure.profiles import WARMUP, add, top_ops
 from tasks.measure.session import Session
 from tasks.runtimes._ort_feeds import feeds_for
 from tasks.specs import BenchSpec, choice
 
-LIBRARIES = ("onnxruntime",)
-PRELOAD = ("onnxruntime", "onnx")  # onnx reads the optimised graph's anatomy
-MEMORY_FACTOR = 1.5
-DTYPES = {"cpu": ("float32", "float16"), "cuda": ("float32", "float16", "bfloat16")}
-DTYPE_NOTE = "ONNX Runtime's CPU provider has no bfloat16 kernels (e.g. Mul)"
-# model.quant by device: the file's MatMulNBits (tasks/export/_onnx_quant.py), run on CPU here
-QUANTS = {"cpu": ("none", "int8", "int4", "8da4w"), "cuda": ("none",)}
-QUANT_NOTE = (
-    "ONNX Runtime's MatMulNBits ran here on the CPU provider only; on CUDA it is unverified, and "
-    "8da4w's int8 activations (accuracy_level=4) are the CPU provider's"
-)
 OPT_LEVELS = ("disable", "basic", "extended", "all")
-PROFILER = "ONNX Runtime's profiler (SessionOptions.enable_profiling), in a session of its own"
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
 
@@ -173,5 +162,23 @@ def profile_rows(trace: list[dict[str, Any]], warmup: int) -> list[dict[str, Any
     return top_ops(per_op, len(runs), float(sum(b - a for a, b in spans)))
 
 
-def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> OrtSession:
-    return OrtSession(Path(spec.export_dir) / meta["artifact"], spec, meta)
+class OrtRuntime(Runtime):
+    LIBRARIES = ("onnxruntime",)
+    REQUIRES = ("onnxruntime",)
+    PRELOAD = ("onnxruntime", "onnx")  # onnx reads the optimised graph's anatomy
+    Options = Options
+    DTYPES = {"cpu": ("float32", "float16"), "cuda": ("float32", "float16", "bfloat16")}
+    DTYPE_NOTE = "ONNX Runtime's CPU provider has no bfloat16 kernels (e.g. Mul)"
+    # model.quant by device: the file's MatMulNBits (tasks/export/_onnx_quant.py), run on CPU here
+    QUANTS = {"cpu": ("none", "int8", "int4", "8da4w"), "cuda": ("none",)}
+    QUANT_NOTE = (
+        "ONNX Runtime's MatMulNBits ran here on the CPU provider only; on CUDA it is unverified, and "
+        "8da4w's int8 activations (accuracy_level=4) are the CPU provider's"
+    )
+    PROFILER = "ONNX Runtime's profiler (SessionOptions.enable_profiling), in a session of its own"
+
+    def load(self, spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> OrtSession:
+        return OrtSession(Path(spec.export_dir) / meta["artifact"], spec, meta)
+
+
+RUNTIME = OrtRuntime()
