@@ -16,10 +16,17 @@ from tasks.specs import ConfigError
 T = TypeVar("T")
 
 
+# the object a choice's module defines: public helpers beside them (tasks/export/onnx_io.py) are no choice
+OBJECTS = {"tasks.export": "FORMAT", "tasks.runtimes": "RUNTIME"}
+
+
 @cache  # load_module asks on every lookup: list each package's folder once
 def available(package: str) -> tuple[str, ...]:
+    """The package's choices: its public modules (that define its OBJECTS entry, where it has one)."""
     pkg = importlib.import_module(package)
-    return tuple(sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_")))
+    names = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+    defines = OBJECTS.get(package)
+    return tuple(n for n in names if defines is None or defines in vars(importlib.import_module(f"{package}.{n}")))
 
 
 def _allowed(key: str, name: str, package: str) -> str:

@@ -99,7 +99,7 @@ def load(spec, meta, feeds):
         with open(os.environ["SPIN_PID_FILE"], "a") as f:
             f.write(f"{os.getpid()} {spec.variant}\n")
     inject(options.fault)
-    session = eager.load(spec, meta, feeds)
+    session = eager.RUNTIME.load(spec, meta, feeds)
     spin_ns = options.spin_us * 1000
     bind = session.bind
 
