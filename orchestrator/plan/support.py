@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from orchestrator.plan.config import SweepPoint
@@ -21,12 +20,13 @@ def unsupported(point: SweepPoint) -> str | None:
     return runtime_module(b.runtime).refuses(asked) or format_module(b.export_format).refuses(asked)
 
 
+SCALARS = (str, int, float, bool, type(None))
+
+
 def value_key(obj: Any) -> tuple[Any, ...]:
-    """A config dataclass's field values, hashable: dicts, lists and nested dataclasses as JSON."""
-    return tuple(
-        v if isinstance(v, (str, int, float, bool, type(None))) else json.dumps(v, sort_keys=True, default=repr)
-        for v in vars(obj).values()
-    )
+    """A config dataclass's field values, hashable: dicts, lists and nested dataclasses by their
+    repr (equal values in another order only cost one more answer)."""
+    return tuple(v if isinstance(v, SCALARS) else repr(v) for v in vars(obj).values())
 
 
 class Support:

@@ -119,13 +119,12 @@ def profile_rows(events: Iterable[tuple[str, list[float]]], warmup: int) -> list
 
 
 class ExecutorchRuntime(Runtime):
-    """Runs whatever the .pte holds, on the CPU: what it cannot make is the format's to say
-    (tasks/export/executorch.py)."""
+    """Runs whatever the .pte holds (conf/backend/executorch.yaml: on the CPU): what ExecuTorch
+    cannot make or run is the format's to say (tasks/export/executorch.py)."""
 
     LIBRARIES = ("executorch",)
     REQUIRES = ("executorch",)
     PRELOAD = ("executorch.runtime", "executorch.extension.pybindings.portable_lib")
-    DTYPES = {"cpu": ("float32", "float16", "bfloat16")}
     PROFILER = "ExecuTorch's ETDump, read with its Inspector, from a program loaded with it on"
 
     def load(self, spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> PteSession:
