@@ -60,59 +60,10 @@ def export_job(spec: ExportSpec) -> ExportResult:
     clean_dead_temporaries(out.parent, out.name)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{socket.gethostname()}.{os.getpid()}.", dir=out.parent))
     try:
-        import torch
-
-        from tasks.export import format_module
-        from tasks.export._description import describe
-        from tasks.model.models import build_model, count_parameters, embedding_facts, model_dims
-        from tasks.phases import phase_module
-        from tasks.phases._quality import make_quality
-
-        fmt = format_module(spec.export_format)
-        phase = phase_module(spec.phase.name)
-        m = spec.model
-        model = build_model(m)
-        dims = model_dims(model)
-        phase.check(spec.phase, dims)
-        data = phase.make_data(model, spec.phase, m.kv_cache, dims)
-        quality, quality_note = make_quality(model, phase, spec, dims)  # before the swap: the eager model's own
-        graph = phase.build_graph(model, spec.phase, m.family, m.kv_cache, m.attention)
-        input_names, output_names = phase.io_names(spec.phase, dims["layers"], m.kv_cache)
-        description = describe(spec, dims, _signature(input_names, data.example_args()), _outputs(graph, data, output_names))
-        t0 = time.perf_counter()
-        artifact, details, anatomy = fmt.export(
-            graph, data.example_args(), input_names, output_names, tmp, spec.options, description
-        )
-        export_seconds = time.perf_counter() - t0
-        np.savez(tmp / INPUTS, **data.feeds)
-        np.savez(tmp / PARITY, **data.parity)
-        if quality is not None:
-            np.savez(tmp / QUALITY, **quality)
-        artifact_bytes = sum(p.stat().st_size for p in tmp.glob(f"{artifact}*")) if artifact else 0
-        meta = {
-            "key": spec.key,
-            "export_format": spec.export_format,
-            "artifact": artifact,
-            "export_seconds": export_seconds,
-            "artifact_mb": artifact_bytes / 2**20,
-            "input_names": input_names,
-            "output_names": output_names,
-            "input_shapes": data.shapes(),
-            "input_dtypes": data.dtypes,
-            "anatomy": anatomy,  # tasks/export/_anatomy.py; None without an artifact
-            "details": {
-                **details,
-                **data.dims,
-                **embedding_facts(model),
-                "parameters": count_parameters(model),
-                "quality_inputs": quality_note,
-                "torch": torch.__version__,
-            },
-        }
+        meta = _export_into(spec, tmp)
         (tmp / META).write_text(json.dumps(meta, indent=1))
         write_manifest(tmp)
         share_files(tmp)  # a model's weights once in the cache, however many of its graphs hold them
-        del model, graph, data, quality
         _release_memory()  # the worker lives on: give a large model's memory back to the OS
         try:
             tmp.rename(out)
@@ -125,6 +76,59 @@ def export_job(spec: ExportSpec) -> ExportResult:
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         return ExportResult(key=spec.key, out_dir=str(out), ok=False, failure=_failure("export", exc))
+
+
+def _export_into(spec: ExportSpec, tmp: Path) -> dict[str, Any]:
+    """Build the model, make the phase's data, export the graph into `tmp` with the data beside
+    it: the entry's meta. The model, graph and data are freed when it returns."""
+    import torch
+
+    from tasks.export import format_module
+    from tasks.export._description import describe
+    from tasks.model.models import build_model, count_parameters, embedding_facts, model_dims
+    from tasks.phases import phase_module
+    from tasks.phases._quality import make_quality
+
+    phase = phase_module(spec.phase.name)
+    m = spec.model
+    model = build_model(m)
+    dims = model_dims(model)
+    phase.check(spec.phase, dims)
+    data = phase.make_data(model, spec.phase, m.kv_cache, dims)
+    quality, quality_note = make_quality(model, phase, spec, dims)  # before the swap: the eager model's own
+    graph = phase.build_graph(model, spec.phase, m.family, m.kv_cache, m.attention)
+    input_names, output_names = phase.io_names(spec.phase, dims["layers"], m.kv_cache)
+    description = describe(spec, dims, _signature(input_names, data.example_args()), _outputs(graph, data, output_names))
+    t0 = time.perf_counter()
+    artifact, details, anatomy = format_module(spec.export_format).export(
+        graph, data.example_args(), input_names, output_names, tmp, spec.options, description
+    )
+    export_seconds = time.perf_counter() - t0
+    np.savez(tmp / INPUTS, **data.feeds)
+    np.savez(tmp / PARITY, **data.parity)
+    if quality is not None:
+        np.savez(tmp / QUALITY, **quality)
+    artifact_bytes = sum(p.stat().st_size for p in tmp.glob(f"{artifact}*")) if artifact else 0
+    return {
+        "key": spec.key,
+        "export_format": spec.export_format,
+        "artifact": artifact,
+        "export_seconds": export_seconds,
+        "artifact_mb": artifact_bytes / 2**20,
+        "input_names": input_names,
+        "output_names": output_names,
+        "input_shapes": data.shapes(),
+        "input_dtypes": data.dtypes,
+        "anatomy": anatomy,  # tasks/export/_anatomy.py; None without an artifact
+        "details": {
+            **details,
+            **data.dims,
+            **embedding_facts(model),
+            "parameters": count_parameters(model),
+            "quality_inputs": quality_note,
+            "torch": torch.__version__,
+        },
+    }
 
 
 def _signature(names: list[str], tensors: Any) -> dict[str, tuple[list[int], str]]:
@@ -166,10 +170,10 @@ def fork_servers(formats: Iterable[str], runtimes: Iterable[str]) -> dict[str, t
     if formats := sorted(set(formats)):
         export = ["torch", "transformers", *(f.rotary_module for f in FAMILIES.values())]
         for name in formats:
-            export += getattr(format_module(name), "PRELOAD", ())
+            export += format_module(name).PRELOAD
         servers[EXPORT_SERVER] = tuple(dict.fromkeys(export))
     for name in sorted(set(runtimes)):
-        preload = ["numpy", "numpy.random", *getattr(runtime_module(name), "PRELOAD", ())]  # a child seeds numpy.random
+        preload = ["numpy", "numpy.random", *runtime_module(name).PRELOAD]  # a child seeds numpy.random
         servers[bench_server(name)] = tuple(dict.fromkeys(preload))
     return servers
 
@@ -186,14 +190,8 @@ def export_in_fresh_process(spec: ExportSpec, timeout_s: float | None = None, fo
 def bench_job(spec: BenchSpec) -> BenchResult:
     """Load the backend, time its first call, check parity against the reference, then time
     the phase's call."""
-    from tasks.export import format_module
-    from tasks.measure.bench import bench_metrics, measure, wall_clock
-    from tasks.measure.environment import fingerprint, peak_bandwidth_gbs
-    from tasks.measure.machine import benchmark_cores, core_list, peak_rss_mb, reset_peak_rss, watch
-    from tasks.measure.parity import quantized, tolerance
+    from tasks.measure.machine import benchmark_cores, core_list
     from tasks.phases import phase_module
-    from tasks.runtimes import runtime_module
-    from tasks.worker.forks import FORKED, imported_since_fork
 
     ran_before = ",".join(_RAN)
     _RAN.append("bench")
@@ -203,85 +201,13 @@ def bench_job(spec: BenchSpec) -> BenchResult:
     stage = "load"
     try:
         phase = phase_module(spec.phase.name)
-        runtime = runtime_module(spec.runtime)
         meta, feeds, parity_data = load_export(spec.export_dir)
-        result.env = fingerprint(spec.device, (*format_module(meta["export_format"]).LIBRARIES, *runtime.LIBRARIES))
-        result.params.update(
-            pid=os.getpid(), process_ran_before=ran_before or "nothing", process_start="forked" if FORKED else "spawned"
-        )
-        t0 = time.perf_counter()
-        session = runtime.load(spec, meta, feeds)
-        result.metrics["load_seconds"] = time.perf_counter() - t0
-        result.metrics.update(session.metrics)
-        result.params.update(session.info)
-        call = session.bind(feeds)
-        timer = session.timer() or wall_clock(session.sync)
-        with session.timed_region():
-            result.metrics["first_call_ms"] = timer(call) / 1e6  # the fresh session's first call, before parity
-
+        session, call = _load(spec, meta, feeds, result, ran_before)
         stage = "parity"
-        atol = tolerance(spec.model.dtype, spec.bench.parity_atol)
-        par = phase.check_parity(session, spec.phase, feeds, parity_data, atol)
-        if spec.model.quant != "none":  # against the float reference: a bound on the relative error
-            par = quantized(par, spec.model.quant)
-        result.parity = par
-        result.metrics.update(
-            parity_max_abs_diff=par["max_abs_diff"],
-            parity_top1_agreement=par["top1_agreement"],
-            parity_max_rel_error=par["max_rel_error"],
-            parity_steps=par["steps"],
-        )
-        if "rel_error_bound" in par:  # quantised: judged by its relative error (tasks.measure.parity.quantized)
-            result.metrics["parity_rel_error_bound"] = par["rel_error_bound"]
-        if "cache_max_abs_diff" in par:
-            result.metrics["parity_cache_max_abs_diff"] = par["cache_max_abs_diff"]
-        if (recompiles := getattr(session, "recompiles", lambda: None)()) is not None:  # torch.compile
-            result.metrics["compile_recompiles"] = float(recompiles)
-        if not par["passed"]:
-            worst = int(np.argmax(par["per_step_max_abs_diff"]))
-            why = (
-                f"relative error {max(par['max_rel_error'], par.get('cache_max_rel_error', 0)):.3g} against the float "
-                f"reference exceeds {par['rel_error_bound']:g} for model.quant={spec.model.quant}"
-                if "rel_error_bound" in par
-                else f"logits differ from eager by {par['max_abs_diff']:.3g} (atol {par['atol']:g}), top-1 within "
-                f"tolerance {par['top1_within_tolerance']:.0%}"
-            )
-            result.failure = Failure("parity", f"{why} (worst at step {worst + 1} of {par['steps']})")
+        if not _parity(spec, phase, session, feeds, parity_data, result):
             return result
-
         stage = "benchmark"
-        result.metrics["peak_rss_load_mb"] = peak_rss_mb()  # loading, first call and parity
-        reset = reset_peak_rss()
-        with session.timed_region(), watch(cores) as machine:
-            m = measure(call, spec.bench, session.sync, session.timer())
-        result.metrics.update(machine.metrics)
-        result.params.update(machine.params)
-        stats = bench_metrics(m, spec.bench)
-        if (late := imported_since_fork()) is not None:
-            result.params["imports_after_fork"] = ",".join(late) or "none"
-        tokens = spec.phase.batch * phase.tokens_per_call(spec.phase)
-        result.metrics.update(stats)
-        result.metrics.update(
-            tokens_per_s=tokens / (stats["latency_ms_median"] / 1e3),
-            warmup_iters=m.warmup_iters,
-            warmup_seconds=m.warmup_seconds,
-            peak_rss_mb=peak_rss_mb() if reset else result.metrics["peak_rss_load_mb"],  # while timing
-            **session.device_metrics(),
-        )
-        peak = spec.peak_bandwidth_gbs or peak_bandwidth_gbs(result.env.get("gpu_name", ""))
-        result.metrics.update(
-            phase.extra_metrics(
-                phase=spec.phase,
-                model_dtype=spec.model.dtype,
-                details=meta["details"],
-                anatomy=meta.get("anatomy"),
-                feeds=feeds,
-                median_ms=stats["latency_ms_median"],
-                peak_gbs=peak if spec.device == "cuda" else None,
-            )
-        )
-        result.samples_ns = m.samples_ns
-        result.first_call_ns = int(result.metrics["first_call_ms"] * 1e6)
+        _benchmark(spec, phase, session, call, cores, meta, feeds, result)
         if spec.bench.profile:  # after every timed call: the profiler never touches the numbers above
             stage = "profile"
             from tasks.measure.profiles import CALLS
@@ -297,3 +223,111 @@ def bench_job(spec: BenchSpec) -> BenchResult:
     except Exception as exc:
         result.failure = _failure(stage, exc)
     return result
+
+
+def _load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray], result: BenchResult, ran_before: str):
+    """The runtime's session and its bound call, with the load's time and the fresh session's
+    first call (before parity) in `result`."""
+    from tasks.export import format_module
+    from tasks.measure.bench import wall_clock
+    from tasks.measure.environment import fingerprint
+    from tasks.runtimes import runtime_module
+    from tasks.worker.forks import FORKED
+
+    runtime = runtime_module(spec.runtime)
+    result.env = fingerprint(spec.device, (*format_module(meta["export_format"]).LIBRARIES, *runtime.LIBRARIES))
+    result.params.update(
+        pid=os.getpid(), process_ran_before=ran_before or "nothing", process_start="forked" if FORKED else "spawned"
+    )
+    t0 = time.perf_counter()
+    session = runtime.load(spec, meta, feeds)
+    result.metrics["load_seconds"] = time.perf_counter() - t0
+    result.metrics.update(session.metrics)
+    result.params.update(session.info)
+    call = session.bind(feeds)
+    timer = session.timer() or wall_clock(session.sync)
+    with session.timed_region():
+        result.metrics["first_call_ms"] = timer(call) / 1e6  # the fresh session's first call, before parity
+    return session, call
+
+
+def _parity(spec: BenchSpec, phase: Any, session: Any, feeds: dict, parity_data: dict, result: BenchResult) -> bool:
+    """Check the outputs against the export's reference; False (and result.failure) if they differ."""
+    from tasks.measure.parity import quantized, tolerance
+
+    atol = tolerance(spec.model.dtype, spec.bench.parity_atol)
+    par = phase.check_parity(session, spec.phase, feeds, parity_data, atol)
+    if spec.model.quant != "none":  # against the float reference: a bound on the relative error
+        par = quantized(par, spec.model.quant)
+    result.parity = par
+    result.metrics.update(
+        parity_max_abs_diff=par["max_abs_diff"],
+        parity_top1_agreement=par["top1_agreement"],
+        parity_max_rel_error=par["max_rel_error"],
+        parity_steps=par["steps"],
+    )
+    if "rel_error_bound" in par:  # quantised: judged by its relative error (tasks.measure.parity.quantized)
+        result.metrics["parity_rel_error_bound"] = par["rel_error_bound"]
+    if "cache_max_abs_diff" in par:
+        result.metrics["parity_cache_max_abs_diff"] = par["cache_max_abs_diff"]
+    if (recompiles := session.recompiles()) is not None:  # torch.compile
+        result.metrics["compile_recompiles"] = float(recompiles)
+    if not par["passed"]:
+        result.failure = Failure("parity", _parity_failure(par, spec.model.quant))
+    return par["passed"]
+
+
+def _parity_failure(par: dict[str, Any], quant: str) -> str:
+    worst = int(np.argmax(par["per_step_max_abs_diff"]))
+    why = (
+        f"relative error {max(par['max_rel_error'], par.get('cache_max_rel_error', 0)):.3g} against the float "
+        f"reference exceeds {par['rel_error_bound']:g} for model.quant={quant}"
+        if "rel_error_bound" in par
+        else f"logits differ from eager by {par['max_abs_diff']:.3g} (atol {par['atol']:g}), top-1 within "
+        f"tolerance {par['top1_within_tolerance']:.0%}"
+    )
+    return f"{why} (worst at step {worst + 1} of {par['steps']})"
+
+
+def _benchmark(
+    spec: BenchSpec, phase: Any, session: Any, call: Any, cores: Any, meta: dict, feeds: dict, result: BenchResult
+) -> None:
+    """Time the bound call (tasks/measure/bench.py) while watching the machine; its statistics,
+    memory and the phase's own metrics into `result`."""
+    from tasks.measure.bench import bench_metrics, measure
+    from tasks.measure.environment import peak_bandwidth_gbs
+    from tasks.measure.machine import peak_rss_mb, reset_peak_rss, watch
+    from tasks.worker.forks import imported_since_fork
+
+    result.metrics["peak_rss_load_mb"] = peak_rss_mb()  # loading, first call and parity
+    reset = reset_peak_rss()
+    with session.timed_region(), watch(cores) as machine:
+        m = measure(call, spec.bench, session.sync, session.timer())
+    result.metrics.update(machine.metrics)
+    result.params.update(machine.params)
+    stats = bench_metrics(m, spec.bench)
+    if (late := imported_since_fork()) is not None:
+        result.params["imports_after_fork"] = ",".join(late) or "none"
+    tokens = spec.phase.batch * phase.tokens_per_call(spec.phase)
+    result.metrics.update(stats)
+    result.metrics.update(
+        tokens_per_s=tokens / (stats["latency_ms_median"] / 1e3),
+        warmup_iters=m.warmup_iters,
+        warmup_seconds=m.warmup_seconds,
+        peak_rss_mb=peak_rss_mb() if reset else result.metrics["peak_rss_load_mb"],  # while timing
+        **session.device_metrics(),
+    )
+    peak = spec.peak_bandwidth_gbs or peak_bandwidth_gbs(result.env.get("gpu_name", ""))
+    result.metrics.update(
+        phase.extra_metrics(
+            phase=spec.phase,
+            model_dtype=spec.model.dtype,
+            details=meta["details"],
+            anatomy=meta.get("anatomy"),
+            feeds=feeds,
+            median_ms=stats["latency_ms_median"],
+            peak_gbs=peak if spec.device == "cuda" else None,
+        )
+    )
+    result.samples_ns = m.samples_ns
+    result.first_call_ns = int(result.metrics["first_call_ms"] * 1e6)

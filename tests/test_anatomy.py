@@ -175,7 +175,7 @@ FUSE = ["fuse_cascaded_permutes", "fuse_permute_pairs", "postpone_permutes"]
 
 
 def test_a_list_axis_reads_as_its_items_in_a_variant_name():
-    from orchestrator.plan.planner import suffix
+    from orchestrator.plan.naming import suffix
 
     assert suffix("backend.export_options.passes", json.dumps(FUSE)) == "passes-" + "+".join(FUSE)
     assert suffix("backend.export_options.passes", "[]") == "passes-none"

@@ -183,7 +183,11 @@ def test_fast_help_leaves_to_hydra_what_it_does_not_fill(tmp_path):
             ["backend.export_format=tflite"],
             "backend.export_format='tflite' is not allowed; choose one of: executorch, none, onnx",
         ),
-        (["backend.runtime=json"], "backend.runtime='json': module json lacks LIBRARIES, MEMORY_FACTOR, Options"),
+        (
+            ["backend.runtime=json"],
+            "backend.runtime='json' is not allowed; choose one of: compile, eager, executorch, onnxruntime "
+            "(or an importable module path): module json defines no RUNTIME (an instance of tasks.contract.Runtime)",
+        ),
     ],
 )
 def test_typed_backend_options_are_checked(hydra_compose, overrides, expected):

@@ -102,7 +102,7 @@ def test_the_export_server_makes_xnnpacks_patterns_before_it_forks_and_stays_one
     from tasks.export import _xnnpack_patterns
     from tasks.export import executorch as executorch_format
 
-    assert "tasks.export._xnnpack_patterns" in executorch_format.PRELOAD
+    assert "tasks.export._xnnpack_patterns" in executorch_format.FORMAT.PRELOAD
     found = _xnnpack_patterns.caches()  # raises where an upgrade moved them
     for fn in found:
         fn.cache_clear()  # made anew here, whatever ran in this process before

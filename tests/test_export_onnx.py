@@ -39,7 +39,7 @@ def onnx_variant(planned_variant):
 def session_of(onnx_variant, model, phase):
     export, spec = onnx_variant(model, phase)
     meta, feeds, parity = load_export(export.out_dir)
-    return ort_runtime.load(spec, meta, feeds), feeds, parity
+    return ort_runtime.RUNTIME.load(spec, meta, feeds), feeds, parity
 
 
 def test_planned_specs_are_the_shared_test_settings(onnx_variant):

@@ -1,5 +1,5 @@
 """backend.export_options.exporter=genai: onnxruntime-genai's model builder as the ONNX exporter,
-timed and checked by the same harness as torch.onnx (tasks/export/_genai.py, tasks/runtimes/_ort_feeds.py)."""
+timed and checked by the same harness as torch.onnx (tasks/export/_genai.py, tasks/export/onnx_io.py)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,8 @@ import yaml
 
 from orchestrator.plan.config import validate_all
 from orchestrator.plan.placement import Capacity
-from orchestrator.plan.planner import make_plan, unsupported
+from orchestrator.plan.planner import make_plan
+from orchestrator.plan.support import unsupported
 from tasks.jobs import bench_job
 from tasks.measure.parity import ATOL
 from tasks.phases import phase_names
@@ -131,6 +132,6 @@ def test_a_half_precision_grid_plans_every_supported_combination():
     for (b, d), reason in skipped.items():
         assert f"model.dtype={d}" in reason or "genai" in reason, reason
         if "genai" not in reason:
-            assert getattr(runtime_module(BACKENDS[b]["runtime"]), "DTYPE_NOTE", "") in reason
+            assert runtime_module(BACKENDS[b]["runtime"]).DTYPE_NOTE in reason
     assert not [pv.name for pv in plan.variants if pv.unplaceable]
     assert len(plan.exports) == len({(BACKENDS[b]["export_format"], d) for b, d in want})  # one per format and dtype

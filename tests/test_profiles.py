@@ -64,9 +64,9 @@ def test_executorch_events_drop_the_wrappers_and_name_portable_and_xnnpack_ops()
 
 
 def test_a_runtime_without_a_profiler_is_refused_before_any_work(monkeypatch):
-    from tasks.runtimes import eager
+    from tasks.runtimes.eager import EagerRuntime
 
-    monkeypatch.delattr(eager, "PROFILER")
+    monkeypatch.setattr(EagerRuntime, "PROFILER", None)  # the contract's default: no profiler
     with pytest.raises(ConfigError, match=r"bench.profile=true: backend.runtime='eager' has no profiler.*compile"):
         plan_jobs(["backend=eager", "bench.profile=true"])
 

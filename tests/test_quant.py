@@ -52,10 +52,10 @@ def test_quant_names_and_export_keys():
 
 
 def test_a_module_without_quants_runs_none_only(monkeypatch):
-    from tasks.export import executorch
+    from tasks.export.executorch import ExecutorchFormat
 
-    monkeypatch.delattr(executorch, "QUANTS")
-    monkeypatch.delattr(executorch, "QUANT_NOTE")
+    monkeypatch.delattr(ExecutorchFormat, "QUANTS")  # the contract's default: a format makes none
+    monkeypatch.delattr(ExecutorchFormat, "QUANT_NOTE")
     plan = plan_of(backend="executorch", phase="decode", **{"model.quant": "none,8da4w"})
     assert names(plan) == ["llama_decode_executorch_cpu"]
     (s,) = plan.skipped

@@ -170,11 +170,13 @@ def test_a_tied_head_read_through_a_transpose_gets_its_own_packed_weight(tmp_pat
 
 
 def test_a_group_the_quantiser_cannot_block_is_planned_as_skipped():
-    class Point:
-        quant, quant_group = "int4", 48
+    from tasks.contract import Point
+    from tasks.specs import ModelSpec, PhaseSpec
 
-    assert "model.quant_group=48" in onnx_format.unsupported({}, Point(), None, "cpu")
-    Point.quant_group = 128
-    assert onnx_format.unsupported({}, Point(), None, "cpu") is None
-    Point.quant, Point.quant_group = "int8", 48  # int8's blocks are its own
-    assert onnx_format.unsupported({}, Point(), None, "cpu") is None
+    def refuses(quant: str, group: int) -> str | None:
+        model = ModelSpec("llama", "llama", "tiny", {}, quant=quant, quant_group=group)
+        return onnx_format.FORMAT.refuses(Point("onnxruntime", "cpu", model, PhaseSpec("decode", 1)))
+
+    assert "model.quant_group=48" in refuses("int4", 48)
+    assert refuses("int4", 128) is None
+    assert refuses("int8", 48) is None  # int8's blocks are its own

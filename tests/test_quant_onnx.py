@@ -43,7 +43,7 @@ def steps_through_the_session(result, quant):
     cache the last returned, and the reference's."""
     spec = BenchSpec("q", "onnxruntime", "cpu", model_spec("llama", quant=quant), DECODE, result.out_dir, FAST_BENCH)
     meta, feeds, parity = load_export(result.out_dir)
-    session = ort_runtime.load(spec, meta, feeds)
+    session = ort_runtime.RUNTIME.load(spec, meta, feeds)
     logits = session.run_steps(feeds, parity["step_tokens"], int(feeds["cache_position"][0]))
     return np.stack(logits), parity["ref_logits"]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks.contract import ExportFormat, Runtime
 from tasks.export import format_module
 from tasks.phases import phase_module, phase_names
 from tasks.registry import available
@@ -64,7 +65,7 @@ def test_registries_are_not_empty_and_hide_private_modules():
 
 
 def _check_facts(module) -> None:
-    assert isinstance(module.LIBRARIES, tuple) and module.LIBRARIES, module.__name__
+    assert isinstance(module.LIBRARIES, tuple) and module.LIBRARIES, module.name
     assert all(isinstance(lib, str) for lib in module.LIBRARIES)
     assert isinstance(module.MEMORY_FACTOR, Real) and module.MEMORY_FACTOR >= 1.0
     assert dataclasses.is_dataclass(module.Options)
@@ -75,6 +76,7 @@ def _check_facts(module) -> None:
 def test_every_format_module_has_its_facts(name):
     module = format_module(name)
     _check_facts(module)
+    assert isinstance(module, ExportFormat)
     assert isinstance(module.RESOURCES, dict) and module.RESOURCES
     assert set(module.RESOURCES) <= {"num_cpus", "num_gpus", "memory", "resources"}
     assert callable(module.export)
@@ -84,7 +86,7 @@ def test_every_format_module_has_its_facts(name):
 def test_every_runtime_module_has_its_facts(name):
     module = runtime_module(name)
     _check_facts(module)
-    assert callable(module.load)
+    assert isinstance(module, Runtime)
     assert module.DTYPES and set(module.DTYPES) <= set(DEVICES)  # model dtypes it runs, by device
     assert all(set(dtypes) <= set(DTYPE_BYTES) for dtypes in module.DTYPES.values())
 

@@ -291,10 +291,10 @@ class _Validator:
             self.models[keys["model"]] = self._outcome(lambda: _architecture(point.model, chosen, named))
         if isinstance(self.models[keys["model"]], ConfigError):
             raise self.models[keys["model"]]
-        if point.bench.profile and not hasattr(runtime_module(point.backend.runtime), "PROFILER"):
+        if point.bench.profile and runtime_module(point.backend.runtime).PROFILER is None:
             raise ConfigError(
                 f"bench.profile=true: backend.runtime={point.backend.runtime!r} has no profiler (no PROFILER in "
-                f"its module); runtimes that profile: {', '.join(profiled_runtimes())}"
+                f"its RUNTIME); runtimes that profile: {', '.join(profiled_runtimes())}"
             )
         pair = (keys["phase"], keys["model"])
         if pair not in self.phases:

@@ -3,12 +3,11 @@ export jobs. The plan is final when made: nothing mutates it afterwards."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache, cached_property
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from omegaconf import DictConfig
 from orchestrator.plan.capture import Captures
 from orchestrator.plan.config import SweepPoint
 from orchestrator.plan.grid import GridRules
+from orchestrator.plan.naming import name_variants
 from orchestrator.plan.pairs import pair_variants
 from orchestrator.plan.placement import (
     Capacity,
@@ -27,38 +27,12 @@ from orchestrator.plan.placement import (
     memory_warning,
     placement_error,
 )
-from orchestrator.plan.variant import Variant, quality_spec
+from orchestrator.plan.support import Support
+from orchestrator.plan.variant import Memo, Variant, quality_spec
 from tasks.export import format_module
-from tasks.phases import label, naming_keys
+from tasks.phases import label
 from tasks.runtimes import runtime_module
 from tasks.specs import BenchSpec, ExportSpec
-
-# how a varying axis reads in a variant name; others read `{leaf}{value}`
-SHORT = {
-    "phase.context_len": "ctx",
-    "phase.prompt_len": "p",
-    "phase.batch": "b",
-    "phase.cache_len": "cache",
-    "model.kv_cache": "kv",
-    "model.attention": "",
-    "model.size": "",
-    "backend.export_options.passes": "passes-",
-}
-DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-
-
-def suffix(key: str, value: Any) -> str:
-    if key == "phase.app":  # a captured variant beside synthetic ones or another application's
-        return "captured-" + str(value).partition(":")[0].rsplit(".", 1)[-1]
-    if key == "model.dtype":
-        return DTYPE_SHORT.get(value, str(value))
-    if key == "model.checkpoint":
-        return f"ckpt-{Path(value).name}" if value else "random"
-    prefix = SHORT.get(key, key.rsplit(".", 1)[-1])
-    text = str(value).lower() if isinstance(value, bool) else str(value)
-    if text.startswith("["):  # a list, as params hold it (JSON): its items joined, or "none"
-        text = "+".join(str(item) for item in json.loads(text)) or "none"
-    return f"{prefix}{text}".replace("/", "-").replace(" ", "")
 
 
 @dataclass(frozen=True)
@@ -150,47 +124,6 @@ class Plan:
         return fork_servers(formats, {pv.bench.runtime for pv in self.variants})
 
 
-def _swept_keys(overrides: list[list[str]]) -> set[str]:
-    """Config keys the user set on the command line (`phase.context_len=128,512` -> phase.context_len)."""
-    keys = set()
-    for o in {o for job in overrides for o in job}:  # each distinct override once
-        key = o.split("=", 1)[0].lstrip("+~")
-        if not key.startswith("hydra"):
-            keys.add(key)
-    return keys
-
-
-def _name_variants(variants: list[Variant], overrides: list[list[str]]) -> list[str]:
-    """`{model}_{phase}_{backend}_{device}` + a suffix for each axis the user swept that
-    varies among the variants sharing that base name (e.g. `_ctx2048`). Values that follow
-    from another choice (a preset's family, a derived cache size) never add a suffix."""
-    # choosing a model/phase/backend/device option is already in the base name; other
-    # group choices (bench=quick) make every key of that group eligible
-    swept = _swept_keys(overrides) - {"model", "phase", "backend", "device"}
-    swept |= naming_keys({v.phase.name for v in variants})  # e.g. the shapes a captured application chose
-
-    @cache
-    def eligible(key: str) -> bool:
-        parts = key.split(".")
-        return any(".".join(parts[:i]) in swept for i in range(1, len(parts) + 1)) and Variant.naming_axis(key)
-
-    groups: dict[str, list[Variant]] = {}
-    for v in variants:
-        groups.setdefault(v.base_name, []).append(v)
-    suffixes: dict[int, str] = {}  # id(variant) -> its name's suffix
-    for members in groups.values():
-        keys: set[str] = set()
-        for v in members:
-            keys.update(v.params)
-        varying = [k for k in sorted(filter(eligible, keys)) if len({repr(v.params.get(k)) for v in members}) > 1]
-        for v in members:
-            suffixes[id(v)] = "".join(f"_{suffix(k, v.params[k])}" for k in varying if v.params.get(k) is not None)
-    names = [v.base_name + suffixes[id(v)] for v in variants]
-    # suffixes that read alike (checkpoints in folders of one name): their params' digest tells them apart
-    counts = Counter(names)
-    return [n if counts[n] == 1 else f"{n}-{v.identity()[:6]}" for n, v in zip(names, variants, strict=True)]
-
-
 def bench_spec(name: str, v: Variant, export_dir: str) -> BenchSpec:
     """What a variant's benchmark task gets, reading its export from `export_dir`."""
     return BenchSpec(
@@ -223,48 +156,113 @@ def _export_dir(cache: Path, v: Variant) -> str:
     return os.path.join(cache, f"{v.model.name}_{label(v.phase)}_{v.backend.export_format}-{v.export_key[:16]}")
 
 
-def unsupported(point: SweepPoint) -> str | None:
-    """Why this backend cannot run this point at all (a skip, never a failure), or None."""
-    b, device, dtype = point.backend, point.device.name, point.model.dtype
-    if device not in b.devices:
-        return f"backend {b.name} does not run on device={device} (backend.devices: {', '.join(b.devices)})"
-    runtime = runtime_module(b.runtime)
-    m = point.model
-    chosen = {"model.kv_cache": m.kv_cache, "model.attention": m.attention, "model.quant": m.quant}
-    for module in (format_module(b.export_format), runtime):  # QUANTS: what it runs, by device; absent: none
-        runs = getattr(module, "QUANTS", {}).get(device, ("none",))
-        if m.quant not in runs:
-            note = getattr(module, "QUANT_NOTE", "")  # why not, maybe by device
-            note = (note.get(device, "") if isinstance(note, dict) else note) or f"{module.__name__} runs no quantised model (no QUANTS)"
-            return f"backend {b.name} cannot run model.quant={m.quant} on device={device} (runs: {', '.join(runs)}): {note}"
-    for module in (format_module(b.export_format), runtime):  # REFUSES: {key: {value: why | {device: why}}}
-        for key, refused in getattr(module, "REFUSES", {}).items():
-            why = refused.get(chosen.get(key))
-            why = why.get(device) if isinstance(why, dict) else why
-            if why:
-                where = f" on device={device}" if isinstance(refused[chosen[key]], dict) else ""
-                return f"backend {b.name} cannot run {key}={chosen[key]}{where}: {why}"
-    runs = runtime.DTYPES.get(device, ())
-    if dtype not in runs:
-        note = getattr(runtime, "DTYPE_NOTE", "")
-        return (
-            f"backend {b.name} does not run model.dtype={dtype} on device={device} "
-            f"(runs: {', '.join(runs) or 'none'}){': ' + note if note else ''}"
-        )
-    fmt = format_module(b.export_format)  # the format's own limits, e.g. the genai exporter's families
-    return fmt.unsupported(b.export_options, point.model, point.phase, device) if hasattr(fmt, "unsupported") else None
+@dataclass
+class _Grid:
+    """The grid's points as planning sorts them: to run (job, variant), skipped (job, variant,
+    variant with threads resolved, reason), and excluded by the grid's rules."""
+
+    valid: list[tuple[int, Variant]] = field(default_factory=list)
+    skipped: list[tuple[int, Variant, Variant, str]] = field(default_factory=list)
+    excluded: list[Excluded] = field(default_factory=list)
 
 
-class _Modules(dict):
-    """name -> module, each looked up once per plan."""
+def _sort_points(
+    points: list[SweepPoint],
+    overrides: list[list[str]],
+    capacity: Capacity,
+    rules: GridRules,
+    captures: Captures | None,
+    memo: Memo,
+) -> _Grid:
+    """Each point's variants (a captured application's kept shapes), with bench.threads
+    resolved against the cluster, sorted into to run, skipped and excluded by the rules."""
+    grid, support = _Grid(), Support()
+    threads: dict[tuple[Any, str], Any] = {}  # (bench options, device) -> them, threads resolved
+    for idx, point in enumerate(points):
+        base = Variant.from_point(point, tuple(overrides[idx]), memo)
+        kept = captures.phases(point) if captures else None
+        for v in (base,) if kept is None else [replace(base, phase=phase) for phase in kept]:
+            key = (v.bench, v.device.name)
+            if key not in threads:  # bench.threads null: every core of a bench node
+                threads[key] = replace(v.bench, threads=bench_threads(capacity, v.device.name, v.bench.threads))
+            resolved = memo.seed(replace(v, bench=threads[key]))
+            rule = rules.why_excluded(resolved.params) if rules.active else None
+            if rule:
+                grid.excluded.append(Excluded((idx,), v.base_name, rule))
+            elif reason := support(point):
+                grid.skipped.append((idx, v, resolved, reason))
+            else:
+                grid.valid.append((idx, resolved))
+    return grid
 
-    def __init__(self, find: Any):
-        super().__init__()
-        self.find = find
 
-    def __missing__(self, name: str) -> Any:
-        self[name] = self.find(name)
-        return self[name]
+def _unique(grid: _Grid, rules: GridRules, memo: Memo) -> list[tuple[Variant, list[int]]]:
+    """Equal work is one variant (e.g. a decode-only axis swept over prefill), answering all its
+    jobs; with rules.max_variants, the first N of each model in grid order (the rest excluded)."""
+    unique: dict[tuple[str, ...], tuple[Variant, list[int]]] = {}
+    for idx, v in grid.valid:
+        unique.setdefault(memo.identity(v), (v, []))[1].append(idx)
+    order = list(unique.values())
+    if rules.max_variants is None:
+        return order
+    kept, per_model = [], Counter()
+    for v, jobs in order:
+        per_model[v.model.name] += 1
+        if per_model[v.model.name] <= rules.max_variants:
+            kept.append((v, jobs))
+        else:
+            grid.excluded.append(Excluded(tuple(jobs), v.base_name, rules.cap_text(v.model.name)))
+    grid.excluded.sort(key=lambda e: e.jobs[0])
+    return kept
+
+
+def _distinct_skipped(grid: _Grid, memo: Memo) -> list[tuple[int, Variant, Variant, str]]:
+    """Equal skipped work is one skipped variant, as for those that run."""
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for skip in grid.skipped:
+        if (identity := memo.identity(skip[2])) not in seen:
+            seen.add(identity)
+            out.append(skip)
+    return out
+
+
+def _planned_variant(
+    name: str, v: Variant, jobs: list[int], configs: Sequence[DictConfig], capacity: Capacity, point: SweepPoint
+) -> PlannedVariant:
+    """A variant's benchmark spec and Ray request, and whether a node can hold it at all."""
+    runtime, fmt = runtime_module(v.backend.runtime), format_module(v.backend.export_format)
+    cluster = point.cluster
+    request = bench_request(
+        capacity, v.device.name, v.bench.threads, v.device.resources, v.weight_bytes, runtime.MEMORY_FACTOR, cluster.max_retries
+    )
+    cache = Path(cluster.export_cache).expanduser().resolve()
+    peak = max(fmt.MEMORY_FACTOR, runtime.MEMORY_FACTOR)
+    return PlannedVariant(
+        name,
+        v,
+        tuple(jobs),
+        bench_spec(name, v, _export_dir(cache, v)),
+        request,
+        unplaceable=placement_error(capacity, v.device.name, v.weight_bytes),
+        warning=memory_warning(capacity, v.weight_bytes, v.backend.export_format, peak),
+        configs=configs,
+    )
+
+
+def _exports(planned: list[PlannedVariant], capacity: Capacity, max_retries: int) -> dict[str, ExportJob]:
+    """One export job per export key, serving every variant that reads it."""
+    users: dict[str, list[str]] = {}
+    for pv in planned:
+        users.setdefault(pv.export_key, []).append(pv.name)
+    exports: dict[str, ExportJob] = {}
+    for pv in planned:
+        v = pv.variant
+        if v.export_key not in exports:
+            fmt = format_module(v.backend.export_format)
+            request = export_request(capacity, fmt.RESOURCES, v.weight_bytes, fmt.MEMORY_FACTOR, max_retries)
+            exports[v.export_key] = ExportJob(export_spec(v, pv.bench.export_dir), request, tuple(users[v.export_key]))
+    return exports
 
 
 def make_plan(
@@ -278,105 +276,24 @@ def make_plan(
     """The whole grid, resolved against the cluster's capacity: named variants with their
     benchmark specs and resources, skipped combinations with reasons, deduplicated export
     jobs, and the points the grid's rules excluded. Raises ConfigError for a request no
-    node can meet, before any run exists. Linear in the grid: every lookup is a dict built
-    once, and what many points share (a model's spec, a phase, a bench setting, an export
-    key) is made once."""
+    node can meet, before any run exists. Linear in the grid: what many points share (a
+    model's spec, a phase, a bench setting, an export key, a backend's answer) is made once."""
     rules = rules or GridRules()
-    cluster = points[0].cluster
     memo = Variant.memo()
-    valid: list[tuple[int, Variant]] = []
-    unnamed: list[tuple[int, Variant, Variant, str]] = []  # skipped: job, variant, resolved, why
-    excluded: list[Excluded] = []
-    threads_of: dict[tuple[int, str], tuple[Any, Any]] = {}  # (bench options, device) -> (them, resolved)
-    reasons: dict[tuple[int, str, int, int], tuple[Any, ...]] = {}  # (backend, device, model, phase) -> why skipped
-    for idx, point in enumerate(points):
-        base = Variant.from_point(point, tuple(overrides[idx]), memo)
-        kept = captures.phases(point) if captures else None
-        for v in (base,) if kept is None else [replace(base, phase=phase) for phase in kept]:
-            key = (id(v.bench), v.device.name)
-            if key not in threads_of:  # bench.threads null: every core of a bench node
-                threads_of[key] = (
-                    v.bench,
-                    replace(v.bench, threads=bench_threads(capacity, v.device.name, v.bench.threads)),
-                )
-            resolved = memo.seed(replace(v, bench=threads_of[key][1]))
-            rule = rules.why_excluded(resolved.params) if rules.active else None
-            if rule:
-                excluded.append(Excluded((idx,), v.base_name, rule))
-                continue
-            why = (id(point.backend), point.device.name, id(point.model), id(point.phase))  # all unsupported() reads
-            if why not in reasons:
-                reasons[why] = (point.backend, point.model, point.phase, unsupported(point))
-            reason = reasons[why][-1]
-            if reason:
-                unnamed.append((idx, v, resolved, reason))
-                continue
-            valid.append((idx, resolved))
-
-    unique: dict[tuple[str, ...], tuple[Variant, list[int]]] = {}
-    for idx, v in valid:  # equal work is one variant, e.g. a decode-only axis swept over prefill
-        unique.setdefault(memo.identity(v), (v, []))[1].append(idx)
-    order = list(unique.values())
-    if rules.max_variants is not None:  # the first N variants of each model, in grid order
-        kept, per_model = [], {}
-        for v, jobs in order:
-            per_model[v.model.name] = per_model.get(v.model.name, 0) + 1
-            if per_model[v.model.name] <= rules.max_variants:
-                kept.append((v, jobs))
-            else:
-                excluded.append(Excluded(tuple(jobs), v.base_name, rules.cap_text(v.model.name)))
-        order = kept
-        excluded.sort(key=lambda e: e.jobs[0])
-    seen: set[tuple[str, ...]] = set()  # equal skipped work is one skipped variant, as above
-    unnamed = [u for u in unnamed if not (memo.identity(u[2]) in seen or seen.add(memo.identity(u[2])))]
+    grid = _sort_points(points, overrides, capacity, rules, captures, memo)
+    order = _unique(grid, rules, memo)
+    unnamed = _distinct_skipped(grid, memo)
     # skipped points are named with the others: a float32 variant and its skipped bfloat16
     # twin must not share a name (both are recorded)
-    names = _name_variants([v for v, _ in order] + [r for _, _, r, _ in unnamed], overrides)
-    names, skipped_names = names[: len(order)], names[len(order) :]
+    names = name_variants([v for v, _ in order] + [r for _, _, r, _ in unnamed], overrides)
     skipped = [
-        Skipped(idx, name, reason, v, configs) for name, (idx, v, _, reason) in zip(skipped_names, unnamed, strict=True)
+        Skipped(idx, name, reason, v, configs)
+        for name, (idx, v, _, reason) in zip(names[len(order) :], unnamed, strict=True)
     ]
-
-    cache = Path(cluster.export_cache).expanduser().resolve()
-    planned: list[PlannedVariant] = []
-    users: dict[str, list[str]] = {}
-    runtimes, formats = _Modules(runtime_module), _Modules(format_module)
-    for name, (v, jobs) in zip(names, order, strict=True):
-        runtime = runtimes[v.backend.runtime]
-        fmt = formats[v.backend.export_format]
-        request = bench_request(
-            capacity,
-            v.device.name,
-            v.bench.threads,
-            v.device.resources,
-            v.weight_bytes,
-            runtime.MEMORY_FACTOR,
-            cluster.max_retries,
-        )
-        bench = bench_spec(name, v, _export_dir(cache, v))
-        peak = max(fmt.MEMORY_FACTOR, runtime.MEMORY_FACTOR)
-        planned.append(
-            PlannedVariant(
-                name,
-                v,
-                tuple(jobs),
-                bench,
-                request,
-                unplaceable=placement_error(capacity, v.device.name, v.weight_bytes),
-                warning=memory_warning(capacity, v.weight_bytes, v.backend.export_format, peak),
-                configs=configs,
-            )
-        )
-        users.setdefault(v.export_key, []).append(name)
-
-    exports: dict[str, ExportJob] = {}
-    for pv in planned:
-        v = pv.variant
-        if v.export_key in exports:
-            continue
-        fmt = formats[v.backend.export_format]
-        spec = export_spec(v, pv.bench.export_dir)
-        request = export_request(capacity, fmt.RESOURCES, v.weight_bytes, fmt.MEMORY_FACTOR, cluster.max_retries)
-        exports[v.export_key] = ExportJob(spec, request, tuple(users[v.export_key]))
+    planned = [
+        _planned_variant(name, v, jobs, configs, capacity, points[0])
+        for name, (v, jobs) in zip(names[: len(order)], order, strict=True)
+    ]
+    exports = _exports(planned, capacity, points[0].cluster.max_retries)
     pairs = pair_variants(planned, rules.pair) if rules.pair else ()
-    return Plan(points[0], capacity, tuple(planned), tuple(skipped), exports, tuple(excluded), captures, pairs)
+    return Plan(points[0], capacity, tuple(planned), tuple(skipped), exports, tuple(grid.excluded), captures, pairs)

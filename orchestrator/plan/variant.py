@@ -87,8 +87,8 @@ def quant_tag(model: ModelSpec) -> str:
 
 @cache
 def _name_tag(export_format: str) -> Any:
-    """The format's `name_tag(export_options) -> str` (what it adds to the backend's name), or None."""
-    return getattr(format_module(export_format), "name_tag", None)
+    """The format's `name_tag(export_options) -> str`: what it adds to the backend's name."""
+    return format_module(export_format).name_tag
 
 
 def _model_identity(model: ModelSpec) -> dict[str, Any]:
@@ -268,7 +268,7 @@ class Variant:
     @property
     def base_name(self) -> str:
         backend = self.backend.name
-        if (tag := _name_tag(self.backend.export_format)) and (text := tag(self.backend.export_options)):
+        if text := _name_tag(self.backend.export_format)(self.backend.export_options):
             if not backend.endswith(f"_{text}"):  # backend=onnxruntime_genai says it already
                 backend += f"_{text}"  # e.g. onnxruntime_genai: an export option that makes another artifact
         return f"{self.model.name}_{label(self.phase)}_{backend}_{self.device.name}{quant_tag(self.model)}"

@@ -40,5 +40,5 @@ def summary(
 
 
 def _every_format_movement() -> dict[str, frozenset[str]]:
-    tables = [getattr(format_module(name), "MOVEMENT", {}) for name in available("tasks.export")]
+    tables = [format_module(name).MOVEMENT for name in available("tasks.export")]
     return {kind: frozenset().union(*(t.get(kind, ()) for t in tables)) for kind in KINDS}

@@ -7,7 +7,7 @@ SkipSimplifiedLayerNormalization), genai_config.json and the tokenizer. Its grap
 input_ids, attention_mask, past_key_values.{i}.key/value [B, H_kv, past, D] and returns
 logits and present.*. Its GroupQueryAttention runs either of phasesweep's caches: dynamic
 (present grows by the call's tokens) or static (a buffer with free slots, written in place);
-tasks/runtimes/_ort_feeds.py maps the phases' feeds to it.
+tasks/export/onnx_io.py maps the phases' feeds to it.
 
 The top half is torch-free: the driver asks unsupported() at plan time.
 """

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.contract import ExportFormat, Point
 from tasks.export._anatomy import summary
 from tasks.export._pte_bytes import lookup_tables, segment_bytes
 from tasks.specs import IN_GRAPH_KV_CACHES, choice
@@ -20,15 +21,6 @@ from tasks.specs import IN_GRAPH_KV_CACHES, choice
 if TYPE_CHECKING:
     import torch
 
-LIBRARIES = ("torch", "transformers", "executorch", "torchao")
-PRELOAD = (
-    "executorch.exir",
-    "executorch.backends.xnnpack.partition.xnnpack_partitioner",
-    "executorch.devtools.backend_debug",
-    "tasks.export._xnnpack_patterns",  # XNNPACK's pattern graphs, made once before the fork
-)
-MEMORY_FACTOR = 4.0  # an export's peak memory, as a multiple of the weights
-RESOURCES = {"num_cpus": 1}
 # xnnpack: every op XNNPACK takes; xnnpack_linear: its linear layers only, the rest on portable
 # kernels in the calling thread (export_llama -X's XnnpackDynamicallyQuantizedPartitioner)
 DELEGATES = ("xnnpack", "xnnpack_linear", "none")
@@ -48,11 +40,6 @@ MOVEMENT = {
     ),
     "casts": frozenset({"aten._to_copy", "dim_order_ops._to_dim_order_copy"}),
 }
-QUANTS = {"cpu": ("none", "8da4w")}
-QUANT_NOTE = (
-    "the installed ExecuTorch's XNNPACK delegate lowers only dynamically quantised linears (8da4w); a weight-only "
-    "int8/int4 linear is delegated as a float linear over its raw integer weights (wrong logits, full-size .pte)"
-)
 METHOD = "phasesweep_description"  # the .pte's constant method holding the description as JSON
 
 
@@ -67,16 +54,40 @@ class Options:
             choice("backend.export_options.passes[]", name, tuple(PASSES))
 
 
-def unsupported(options: dict[str, Any], model: Any, phase: Any, device: str) -> str | None:
-    """A quantised model needs the XNNPACK delegate (the portable kernels have no torchao quantised
-    ops) and float32 or float16 (a bfloat16 8da4w .pte fails to load its method in executorch 1.5.1)."""
-    if model.quant == "none":
+class ExecutorchFormat(ExportFormat):
+    """Everything ExecuTorch cannot make or run is decided here (its runtime runs what the .pte holds)."""
+
+    LIBRARIES = ("torch", "transformers", "executorch", "torchao")
+    REQUIRES = ("executorch",)
+    PRELOAD = (
+        "executorch.exir",
+        "executorch.backends.xnnpack.partition.xnnpack_partitioner",
+        "executorch.devtools.backend_debug",
+        "tasks.export._xnnpack_patterns",  # XNNPACK's pattern graphs, made once before the fork
+    )
+    MEMORY_FACTOR = 4.0  # an export's peak memory, as a multiple of the weights
+    MOVEMENT = MOVEMENT
+    Options = Options
+    QUANTS = {"cpu": ("none", "8da4w")}
+    QUANT_NOTE = (
+        "the installed ExecuTorch's XNNPACK delegate lowers only dynamically quantised linears (8da4w); a weight-only "
+        "int8/int4 linear is delegated as a float linear over its raw integer weights (wrong logits, full-size .pte)"
+    )
+
+    def limits(self, point: Point) -> str | None:
+        """A quantised model needs the XNNPACK delegate (the portable kernels have no torchao quantised
+        ops) and float32 or float16 (a bfloat16 8da4w .pte fails to load its method in executorch 1.5.1)."""
+        quant = point.model.quant
+        if quant == "none":
+            return None
+        if point.export_options.get("delegate", "xnnpack") == "none":
+            return f"model.quant={quant} needs backend.export_options.delegate=xnnpack or xnnpack_linear (no portable torchao kernels)"
+        if point.model.dtype == "bfloat16":
+            return f"model.quant={quant} with model.dtype=bfloat16: the .pte's method fails to load in this ExecuTorch"
         return None
-    if options.get("delegate", "xnnpack") == "none":
-        return f"model.quant={model.quant} needs backend.export_options.delegate=xnnpack or xnnpack_linear (no portable torchao kernels)"
-    if model.dtype == "bfloat16":
-        return f"model.quant={model.quant} with model.dtype=bfloat16: the .pte's method fails to load in this ExecuTorch"
-    return None
+
+    def export(self, graph, args, input_names, output_names, out_dir, options, description):
+        return export(graph, args, input_names, output_names, out_dir, options, description)
 
 
 def partitioners(delegate: str, quant: str) -> list[Any]:
@@ -113,48 +124,66 @@ def export(
     description: dict[str, Any],
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
     import torch
-    from executorch.devtools.backend_debug import get_delegation_info
-    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes import MemoryPlanningPass
-    from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
 
-    from tasks.export._gelu_tanh import write_out_tanh_gelu
-    from tasks.export._shapes import dynamic_shapes, example_args
     from tasks.model.quant import quantize
 
     opts = Options(**options)
     model = description["model"]
     quantized = quantize(graph, model["quant"], model["quant_group"])  # after the float reference was made
     in_graph = getattr(graph, "kv_cache", None) in IN_GRAPH_KV_CACHES
-    args = example_args(graph, args)
     with torch.no_grad():
-        program = torch.export.export(
-            graph, args, dynamic_shapes=dynamic_shapes(graph, args, input_names), strict=False
-        )
-        if opts.delegate == "xnnpack":  # XNNPACK would run a tanh GELU as an exact one
-            program = write_out_tanh_gelu(program)
-        edge = to_edge_transform_and_lower(
-            program,
-            transform_passes=[_pass(name) for name in opts.passes],
-            partitioner=partitioners(opts.delegate, model["quant"]),
-            constant_methods=constant_methods(description),
-        )
-        info = get_delegation_info(edge.exported_program().graph_module)
+        edge = _lower(graph, args, input_names, opts, description)
         inside = anatomy(edge.exported_program())  # before to_executorch turns its ops into out-variants
-        config = None
-        if in_graph:  # inputs owned by the caller; memory planned for the upper bound of S, not the example's
-            config = ExecutorchBackendConfig(
-                memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
-                sym_shape_eval_pass=ConstraintBasedSymShapeEvalPass(),
-            )
-        et = edge.to_executorch(config)
+        details = _delegation(edge, inside, opts)
+        et = edge.to_executorch(_memory_planning() if in_graph else None)
     path = out_dir / "model.pte"
     path.write_bytes(et.buffer)
     inside["artifact_bytes"] = path.stat().st_size
     inside["constant_bytes"] = segment_bytes(path) or inside["constant_bytes"]  # as the file stores them
+    return path.name, {**details, **quantized}, inside
+
+
+def _lower(graph: Any, args: tuple, input_names: list[str], opts: Options, description: dict[str, Any]) -> Any:
+    """torch.export of the graph, lowered to the edge dialect with the chosen passes and partitioners."""
+    import torch
+    from executorch.exir import to_edge_transform_and_lower
+
+    from tasks.export._gelu_tanh import write_out_tanh_gelu
+    from tasks.export._shapes import dynamic_shapes, example_args
+
+    args = example_args(graph, args)
+    program = torch.export.export(graph, args, dynamic_shapes=dynamic_shapes(graph, args, input_names), strict=False)
+    if opts.delegate == "xnnpack":  # XNNPACK would run a tanh GELU as an exact one
+        program = write_out_tanh_gelu(program)
+    return to_edge_transform_and_lower(
+        program,
+        transform_passes=[_pass(name) for name in opts.passes],
+        partitioner=partitioners(opts.delegate, description["model"]["quant"]),
+        constant_methods=constant_methods(description),
+    )
+
+
+def _memory_planning() -> Any:
+    """An in-graph cache's config: inputs owned by the caller; memory planned for the upper bound
+    of S, not the example's."""
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
+
+    return ExecutorchBackendConfig(
+        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+        sym_shape_eval_pass=ConstraintBasedSymShapeEvalPass(),
+    )
+
+
+def _delegation(edge: Any, inside: dict[str, Any], opts: Options) -> dict[str, Any]:
+    """What the delegate took, what it left to custom kernels, and the options that chose it."""
+    from executorch.devtools.backend_debug import get_delegation_info
+
+    info = get_delegation_info(edge.exported_program().graph_module)
     total = info.num_delegated_nodes + info.num_non_delegated_nodes
     custom = {op: n for op, n in inside["outside_delegates"].items() if op.split(".")[0] not in CORE_NAMESPACES}
-    return path.name, {
+    return {
         "custom_ops": ", ".join(f"{op} x{n}" for op, n in custom.items()) or "none",  # kernels outside XNNPACK
         "mutable_buffers": _mutated_buffers(edge),
         "delegate": opts.delegate,
@@ -163,8 +192,7 @@ def export(
         "non_delegated_ops": info.num_non_delegated_nodes,
         "delegated_fraction": info.num_delegated_nodes / total if total else 0.0,
         "delegated_subgraphs": info.num_delegated_subgraphs,
-        **quantized,
-    }, inside
+    }
 
 
 def constant_methods(description: dict[str, Any]) -> dict[str, Any]:
@@ -232,3 +260,6 @@ def anatomy(edge_program: Any) -> dict:
             outside[op] += 1
     embeddings = lookup_tables(edge_program, lambda n: _edge_op(n.target, n.args) == "aten.embedding")
     return summary(ops, outside, partitions, constants, 0, MOVEMENT, embeddings)
+
+
+FORMAT = ExecutorchFormat()

@@ -11,39 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.contract import EVERY_QUANT, ExportFormat, Point, Refusal
 from tasks.export import _genai, _onnx_quant
 from tasks.export._anatomy import summary
 from tasks.export._weights import canonical_external_data
-from tasks.specs import DEVICES, at_least, choice
-from tasks.specs import QUANTS as ALL_QUANTS
+from tasks.specs import at_least, choice
 
 if TYPE_CHECKING:
     import torch
 
-LIBRARIES = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime-genai")
-# the exporter's modules and those it imports on its first call, imported once by the fork server
-PRELOAD = (
-    "onnx",
-    "onnxscript",
-    "torch.onnx",
-    "torch.export",
-    "networkx",
-    "onnxscript.function_libs.torch_lib.ops",
-    "onnxscript.optimizer",
-    "onnxscript.rewriter",
-)
-MEMORY_FACTOR = 1.5  # an export's peak memory, as a multiple of the weights
-RESOURCES = {"num_cpus": 1}
 EXTERNAL_DATA_BYTES = 1 << 30  # weights past this go to an external file (protobuf's 2 GiB limit)
-# model choices this format cannot express: planned as skipped with the reason (orchestrator/plan/planner.py)
-REFUSES = {
-    "model.kv_cache": {"update_cache": "ONNX has no llama::update_cache / custom_sdpa (ExecuTorch's LLM custom ops)"},
-    "model.attention": {"custom_sdpa": "ONNX has no llama::update_cache / custom_sdpa (ExecuTorch's LLM custom ops)"},
-}
-# model.quant by device: ONNX Runtime's own quantiser, or the genai builder's int4/int8, makes
-# every value for a file any device loads (tasks/export/_onnx_quant.py); runtimes say what runs
-QUANTS = dict.fromkeys(DEVICES, ALL_QUANTS)
-QUANT_NOTE = "ONNX weight quantisation is MatMulNBits (tasks/export/_onnx_quant.py)"
+_NO_LLAMA_OPS = "ONNX has no llama::update_cache / custom_sdpa (ExecuTorch's LLM custom ops)"
 # data-movement ops by ONNX op type (tasks/export/_anatomy.py)
 MOVEMENT = {
     "transposes": frozenset({"Transpose"}),
@@ -74,18 +52,6 @@ class Options:
     def __post_init__(self) -> None:
         at_least("backend.export_options.opset", self.opset, 18, optional=True)
         choice("backend.export_options.exporter", self.exporter, EXPORTERS)
-
-
-def unsupported(options: dict[str, Any], model: Any, phase: Any, device: str) -> str | None:
-    """Why these export options cannot make this grid point (planned as skipped), or None."""
-    if why := _onnx_quant.unsupported(getattr(model, "quant", "none"), getattr(model, "quant_group", 32)):
-        return why
-    return _genai.unsupported(model, phase, device) if options.get("exporter") == "genai" else None
-
-
-def name_tag(options: dict[str, Any]) -> str:
-    """What the variant's name adds after the backend's: `onnxruntime_genai` for the builder's model."""
-    return "genai" if options.get("exporter") == "genai" else ""
 
 
 def export(
@@ -287,3 +253,51 @@ def anatomy(path: str | Path) -> dict:
     )
     files = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
     return summary(ops, Counter(), [], constants, files, MOVEMENT, _lookups(proto.graph, sizes))
+
+
+class OnnxFormat(ExportFormat):
+    LIBRARIES = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime-genai")
+    REQUIRES = ("onnx", "onnxscript")
+    # the exporter's modules and those it imports on its first call, imported once by the fork server
+    PRELOAD = (
+        "onnx",
+        "onnxscript",
+        "torch.onnx",
+        "torch.export",
+        "networkx",
+        "onnxscript.function_libs.torch_lib.ops",
+        "onnxscript.optimizer",
+        "onnxscript.rewriter",
+    )
+    MEMORY_FACTOR = 1.5  # an export's peak memory, as a multiple of the weights
+    RESOURCES = {"num_cpus": 1}
+    MOVEMENT = MOVEMENT
+    Options = Options
+    # ONNX Runtime's own quantiser, or the genai builder's int4/int8, makes every value for a
+    # file any device loads (tasks/export/_onnx_quant.py); runtimes say what runs
+    QUANTS = EVERY_QUANT
+    QUANT_NOTE = "ONNX weight quantisation is MatMulNBits (tasks/export/_onnx_quant.py)"
+    REFUSALS = (
+        Refusal("model.kv_cache", "update_cache", _NO_LLAMA_OPS),
+        Refusal("model.attention", "custom_sdpa", _NO_LLAMA_OPS),
+    )
+
+    def limits(self, point: Point) -> str | None:
+        """The quantiser's group sizes, and the genai exporter's families, devices and dtypes."""
+        if why := _onnx_quant.unsupported(point.model.quant, point.model.quant_group):
+            return why
+        return _genai.unsupported(point.model, point.phase, point.device) if self.genai(point.export_options) else None
+
+    @staticmethod
+    def genai(options: Any) -> bool:
+        return options.get("exporter") == "genai"
+
+    def name_tag(self, options: Any) -> str:
+        """What the variant's name adds after the backend's: `onnxruntime_genai` for the builder's model."""
+        return "genai" if self.genai(options) else ""
+
+    def export(self, graph, args, input_names, output_names, out_dir, options, description):
+        return export(graph, args, input_names, output_names, out_dir, options, description)
+
+
+FORMAT = OnnxFormat()

@@ -36,6 +36,10 @@ class Session:
         """Device counters read after timing, e.g. cuda_peak_allocated_mb."""
         return {}
 
+    def recompiles(self) -> int | None:
+        """Graphs compiled since load() (torch.compile); None where the runtime does not compile."""
+        return None
+
     @contextmanager
     def timed_region(self) -> Iterator[None]:
         """Entered around the first call and the whole timed loop (torch: inference mode)."""

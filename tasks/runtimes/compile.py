@@ -13,21 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from tasks.runtimes.eager import PRELOAD as EAGER_PRELOAD
-from tasks.runtimes.eager import QUANT_NOTE as EAGER_QUANT_NOTE
-from tasks.runtimes.eager import QUANTS as EAGER_QUANTS
-from tasks.runtimes.eager import REFUSES as EAGER_REFUSES
-from tasks.runtimes.eager import TorchSession, build_module, set_threads
+from tasks.runtimes.eager import EagerRuntime, TorchSession, build_module, set_threads
 from tasks.specs import PAST, BenchSpec, choice
 
-LIBRARIES = ("torch", "transformers", "torchao")  # torchao: model.quant
-PRELOAD = (*EAGER_PRELOAD, "torch._dynamo")
-MEMORY_FACTOR = 1.5
-DTYPES = {"cpu": ("float32", "float16", "bfloat16"), "cuda": ("float32", "float16", "bfloat16")}
-PROFILER = "torch.profiler around the compiled module, after the timed loop in the same session"
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-REFUSES = EAGER_REFUSES  # the same modules, compiled
-QUANTS, QUANT_NOTE = EAGER_QUANTS, EAGER_QUANT_NOTE
 
 
 @dataclass(frozen=True)
@@ -111,6 +100,17 @@ class CompiledSession(TorchSession):
             )
 
 
+class CompileRuntime(EagerRuntime):
+    """Eager's modules, compiled: what eager refuses, this refuses too."""
+
+    PRELOAD = (*EagerRuntime.PRELOAD, "torch._dynamo")
+    PROFILER = "torch.profiler around the compiled module, after the timed loop in the same session"
+    Options = Options
+
+    def load(self, spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> TorchSession:
+        return load(spec, meta, feeds)
+
+
 def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> TorchSession:
     import torch
 
@@ -134,3 +134,6 @@ def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) ->
         compile_dynamic_cache=session.dynamic_cache,
     )
     return session
+
+
+RUNTIME = CompileRuntime()

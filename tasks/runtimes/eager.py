@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tasks.contract import Refusal, Runtime
 from tasks.measure.profiles import CALLS, WARMUP, add, top_ops
 from tasks.model.families import FAMILIES
 from tasks.runtimes._torch_session import TorchOutputSession
@@ -20,20 +20,7 @@ from tasks.specs import BenchSpec
 if TYPE_CHECKING:
     import torch
 
-LIBRARIES = ("torch", "transformers", "torchao")  # torchao: model.quant
-PRELOAD = ("torch", "transformers", *dict.fromkeys(f.rotary_module for f in FAMILIES.values()))  # what load() imports
-MEMORY_FACTOR = 1.5
-DTYPES = {"cpu": ("float32", "float16", "bfloat16"), "cuda": ("float32", "float16", "bfloat16")}
-PROFILER = "torch.profiler, ops by self time, after the timed loop in the same session"
-_CPU_ONLY = {"cuda": "ExecuTorch's llama::update_cache / custom_sdpa have CPU kernels only"}
-REFUSES = {"model.kv_cache": {"update_cache": _CPU_ONLY}, "model.attention": {"custom_sdpa": _CPU_ONLY}}
-QUANTS = {"cpu": ("none", "int8", "int4", "8da4w"), "cuda": ("none",)}  # tasks/model/quant.py, in every dtype
-QUANT_NOTE = {"cuda": "torchao's CUDA paths (int4 tile-packed: bfloat16 only) have not run on a GPU here; see docs/gpu.md"}
-
-
-@dataclass(frozen=True)
-class Options:
-    pass
+_CPU_ONLY = "ExecuTorch's llama::update_cache / custom_sdpa have CPU kernels only"
 
 
 def _nothing() -> None:
@@ -159,6 +146,22 @@ def build_module(spec: BenchSpec) -> torch.nn.Module:
     return graph
 
 
-def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> TorchSession:
-    set_threads(spec)
-    return TorchSession(build_module(spec), spec, meta)
+class EagerRuntime(Runtime):
+    """The graph module itself, in PyTorch (format `none`); it quantises what it builds."""
+
+    LIBRARIES = ("torch", "transformers", "torchao")  # torchao: model.quant
+    PRELOAD = ("torch", "transformers", *dict.fromkeys(f.rotary_module for f in FAMILIES.values()))  # what load() imports
+    PROFILER = "torch.profiler, ops by self time, after the timed loop in the same session"
+    REFUSALS = (
+        Refusal("model.kv_cache", "update_cache", _CPU_ONLY, devices=("cuda",)),
+        Refusal("model.attention", "custom_sdpa", _CPU_ONLY, devices=("cuda",)),
+    )
+    QUANTS = {"cpu": ("none", "int8", "int4", "8da4w"), "cuda": ("none",)}  # tasks/model/quant.py, in every dtype
+    QUANT_NOTE = {"cuda": "torchao's CUDA paths (int4 tile-packed: bfloat16 only) have not run on a GPU here; see docs/gpu.md"}
+
+    def load(self, spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> TorchSession:
+        set_threads(spec)
+        return TorchSession(build_module(spec), spec, meta)
+
+
+RUNTIME = EagerRuntime()

@@ -5,28 +5,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tasks.contract import Runtime
 from tasks.measure.profiles import WARMUP, add, top_ops
 from tasks.runtimes._torch_session import TorchOutputSession
-from tasks.specs import QUANTS as QUANT_VALUES
 from tasks.specs import BenchSpec
-
-LIBRARIES = ("executorch",)
-PRELOAD = ("executorch.runtime", "executorch.extension.pybindings.portable_lib")
-MEMORY_FACTOR = 1.5
-DTYPES = {"cpu": ("float32", "float16", "bfloat16")}
-QUANTS = {"cpu": QUANT_VALUES}  # whatever the .pte holds (the format declares what it makes)
-PROFILER = "ExecuTorch's ETDump, read with its Inspector, from a program loaded with it on"
-
-
-@dataclass(frozen=True)
-class Options:
-    pass
 
 
 def threadpool(portable_lib: Any, name: str) -> Any:
@@ -131,5 +118,17 @@ def profile_rows(events: Iterable[tuple[str, list[float]]], warmup: int) -> list
     return top_ops(per_op, calls, call_us)
 
 
-def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> PteSession:
-    return PteSession(Path(spec.export_dir) / meta["artifact"], spec, meta)
+class ExecutorchRuntime(Runtime):
+    """Runs whatever the .pte holds (conf/backend/executorch.yaml: on the CPU): what ExecuTorch
+    cannot make or run is the format's to say (tasks/export/executorch.py)."""
+
+    LIBRARIES = ("executorch",)
+    REQUIRES = ("executorch",)
+    PRELOAD = ("executorch.runtime", "executorch.extension.pybindings.portable_lib")
+    PROFILER = "ExecuTorch's ETDump, read with its Inspector, from a program loaded with it on"
+
+    def load(self, spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> PteSession:
+        return PteSession(Path(spec.export_dir) / meta["artifact"], spec, meta)
+
+
+RUNTIME = ExecutorchRuntime()

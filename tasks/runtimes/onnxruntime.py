@@ -8,24 +8,13 @@ from typing import Any
 
 import numpy as np
 
+from tasks.contract import Runtime
+from tasks.export.onnx_io import feeds_for, signature
 from tasks.measure.profiles import WARMUP, add, top_ops
 from tasks.measure.session import Session
-from tasks.runtimes._ort_feeds import feeds_for
 from tasks.specs import BenchSpec, choice
 
-LIBRARIES = ("onnxruntime",)
-PRELOAD = ("onnxruntime", "onnx")  # onnx reads the optimised graph's anatomy
-MEMORY_FACTOR = 1.5
-DTYPES = {"cpu": ("float32", "float16"), "cuda": ("float32", "float16", "bfloat16")}
-DTYPE_NOTE = "ONNX Runtime's CPU provider has no bfloat16 kernels (e.g. Mul)"
-# model.quant by device: the file's MatMulNBits (tasks/export/_onnx_quant.py), run on CPU here
-QUANTS = {"cpu": ("none", "int8", "int4", "8da4w"), "cuda": ("none",)}
-QUANT_NOTE = (
-    "ONNX Runtime's MatMulNBits ran here on the CPU provider only; on CUDA it is unverified, and "
-    "8da4w's int8 activations (accuracy_level=4) are the CPU provider's"
-)
 OPT_LEVELS = ("disable", "basic", "extended", "all")
-PROFILER = "ONNX Runtime's profiler (SessionOptions.enable_profiling), in a session of its own"
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
 
@@ -65,7 +54,7 @@ class OrtSession(Session):
         self.device = "cuda" if spec.device == "cuda" else "cpu"
         self.session = self._optimized_anatomy(path, opts, providers)
         self._path, self._options, self._providers = path, opts, providers
-        self.feeds = feeds_for(self.session, meta or {})  # the phase's feeds -> this file's inputs
+        self.feeds = feeds_for(signature(path), meta or {})  # the phase's feeds -> this file's inputs
         self.output_names = self.feeds.output_names
         self.info = {
             "ort_intra_op_threads": spec.bench.threads or 0,  # 0: ONNX Runtime's default (all cores)
@@ -119,7 +108,7 @@ class OrtSession(Session):
         binding = self.session.io_binding()
         for name, value in inputs.items():
             binding.bind_ortvalue_input(name, value)
-        shared = self.feeds.shared(inputs)  # outputs the graph writes into an input's buffer in place
+        shared = self.feeds.shared(inputs, self)  # outputs the graph writes into an input's buffer in place
         for name in self.output_names:
             if name in shared:
                 binding.bind_ortvalue_output(name, shared[name])
@@ -137,12 +126,16 @@ class OrtSession(Session):
         return {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), self.device, 0) for n, a in arrays.items()}
 
     def step(self, inputs: dict[str, Any]) -> list[Any]:
-        binding = self._bound(self.feeds.placed(inputs, self.place))
+        binding = self._bound(self.feeds.placed(inputs, self))
         self.session.run_with_iobinding(binding)
         return binding.get_outputs()  # OrtValues, on the device
 
     def to_host(self, logits: Any) -> np.ndarray:
         return logits.numpy()
+
+    def shape(self, value: Any) -> tuple[int, ...]:
+        """An OrtValue's shape (tasks/export/onnx_io.py asks it of placed inputs)."""
+        return tuple(value.shape())
 
     def profile(self, feeds: dict[str, np.ndarray], calls: int, folder: Path) -> list[dict[str, Any]]:
         """Kernels by op type, from a second session with the same settings and the profiler on."""
@@ -173,5 +166,23 @@ def profile_rows(trace: list[dict[str, Any]], warmup: int) -> list[dict[str, Any
     return top_ops(per_op, len(runs), float(sum(b - a for a, b in spans)))
 
 
-def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> OrtSession:
-    return OrtSession(Path(spec.export_dir) / meta["artifact"], spec, meta)
+class OrtRuntime(Runtime):
+    LIBRARIES = ("onnxruntime",)
+    REQUIRES = ("onnxruntime",)
+    PRELOAD = ("onnxruntime", "onnx")  # onnx reads the optimised graph's anatomy
+    Options = Options
+    DTYPES = {"cpu": ("float32", "float16"), "cuda": ("float32", "float16", "bfloat16")}
+    DTYPE_NOTE = "ONNX Runtime's CPU provider has no bfloat16 kernels (e.g. Mul)"
+    # model.quant by device: the file's MatMulNBits (tasks/export/_onnx_quant.py), run on CPU here
+    QUANTS = {"cpu": ("none", "int8", "int4", "8da4w"), "cuda": ("none",)}
+    QUANT_NOTE = (
+        "ONNX Runtime's MatMulNBits ran here on the CPU provider only; on CUDA it is unverified, and "
+        "8da4w's int8 activations (accuracy_level=4) are the CPU provider's"
+    )
+    PROFILER = "ONNX Runtime's profiler (SessionOptions.enable_profiling), in a session of its own"
+
+    def load(self, spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> OrtSession:
+        return OrtSession(Path(spec.export_dir) / meta["artifact"], spec, meta)
+
+
+RUNTIME = OrtRuntime()

@@ -26,20 +26,12 @@ import signal
 import time
 from dataclasses import dataclass
 
-from tasks.runtimes.eager import PRELOAD as EAGER_PRELOAD
+from tasks.contract import Runtime
+from tasks.runtimes.eager import EagerRuntime
 from tasks.specs import at_least, choice
 
 FAULTS = ("none", "raise", "hang", "exit", "segv", "oom")
 OOM_LIMIT_BYTES = 2 << 30  # the address space the `oom` fault may fill
-
-LIBRARIES = ("torch", "transformers")
-# what its fork server imports once for its benchmarks (tasks/worker/forks.py): eager's, and this
-# module itself; without it each benchmark imported torch and transformers after its fork
-# (6-7 s here, `runtime.imports_after_fork` on its run listed them)
-PRELOAD = (*EAGER_PRELOAD, "spin_runtime")
-MEMORY_FACTOR = 1.5
-DTYPES = {"cpu": ("float32", "float16", "bfloat16")}  # model dtypes it runs, by device
-
 
 @dataclass(frozen=True)
 class Options:
@@ -86,6 +78,19 @@ def _vm_size() -> int:
     return 0
 
 
+class SpinRuntime(Runtime):
+    LIBRARIES = ("torch", "transformers")
+    # what its fork server imports once for its benchmarks (tasks/worker/forks.py): eager's, and
+    # this module itself; without it each benchmark imported torch and transformers after its fork
+    PRELOAD = (*EagerRuntime.PRELOAD, "spin_runtime")
+    DTYPES = {"cpu": ("float32", "float16", "bfloat16")}  # model dtypes it runs, by device
+    QUANTS = EagerRuntime.QUANTS  # eager's module, quantised as eager does
+    Options = Options
+
+    def load(self, spec, meta, feeds):
+        return load(spec, meta, feeds)
+
+
 def load(spec, meta, feeds):
     from tasks.runtimes import eager
 
@@ -94,7 +99,7 @@ def load(spec, meta, feeds):
         with open(os.environ["SPIN_PID_FILE"], "a") as f:
             f.write(f"{os.getpid()} {spec.variant}\n")
     inject(options.fault)
-    session = eager.load(spec, meta, feeds)
+    session = eager.RUNTIME.load(spec, meta, feeds)
     spin_ns = options.spin_us * 1000
     bind = session.bind
 
@@ -112,3 +117,6 @@ def load(spec, meta, feeds):
     session.bind = spinning_bind
     session.info["spin_us"] = spin_ns // 1000
     return session
+
+
+RUNTIME = SpinRuntime()

@@ -1,4 +1,6 @@
-"""The one place where a phase's feeds meet an ONNX file's inputs, chosen by the file's input names.
+"""The one place where a phase's feeds meet an ONNX file's inputs, for every runtime of the
+format: the file's input and output names and types are read from the file itself (onnx's
+API), and a runtime hands the adapter only how it places arrays and reads placed values back.
 
 The phases feed `input_ids`, `cache_position` (decode) and `past_key_values.{i}.key/value`
 [B, H_kv, S, D] and read `logits` then `present.*` in kv_names order. A torch export takes
@@ -12,34 +14,60 @@ present.* is bound to the past buffer, as onnxruntime-genai's shared-buffer mode
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
 from tasks.specs import PAST, PRESENT
 
-ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bfloat16)": np.uint16}
+
+@dataclass(frozen=True)
+class Signature:
+    """An ONNX graph's inputs {name: numpy dtype name} and output names, in the file's order."""
+
+    inputs: dict[str, str]
+    outputs: list[str]
+
+
+def signature(path: str | Path) -> Signature:
+    """The file's own inputs and outputs (its external weights are never read)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    types = {v.name: onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name for v in graph.input}
+    return Signature(types, [v.name for v in graph.output])
+
+
+class Placement(Protocol):
+    """What the adapter needs of a runtime's session: place host arrays on its device, and read
+    a placed value's shape and contents back."""
+
+    def place(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]: ...
+
+    def shape(self, value: Any) -> tuple[int, ...]: ...
+
+    def to_host(self, value: Any) -> np.ndarray: ...
 
 
 class Feeds:
     """The artifact takes the phase's feeds as they are."""
 
-    def __init__(self, session: Any, meta: dict[str, Any]):
-        names = [o.name for o in session.get_outputs()]
-        ours = meta.get("output_names") or names
+    def __init__(self, sig: Signature, meta: dict[str, Any]):
+        ours = meta.get("output_names") or sig.outputs
         # the phase's order (logits, then present.* pairwise), which run_steps feeds back as past
-        self.output_names = ours if sorted(ours) == sorted(names) else names
+        self.output_names = ours if sorted(ours) == sorted(sig.outputs) else sig.outputs
 
     def host(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The artifact's inputs from the phase's, on the host."""
         return feeds
 
-    def placed(self, inputs: dict[str, Any], place: Callable[[dict[str, np.ndarray]], dict[str, Any]]) -> dict[str, Any]:
-        """The artifact's inputs from the phase's, already placed (OrtValues); `place` places more."""
+    def placed(self, inputs: dict[str, Any], device: Placement) -> dict[str, Any]:
+        """The artifact's inputs from the phase's, already placed; `device` places more."""
         return inputs
 
-    def shared(self, inputs: dict[str, Any]) -> dict[str, Any]:
+    def shared(self, inputs: dict[str, Any], device: Placement) -> dict[str, Any]:
         """{output name: the placed input it is written into in place}, for the artifact's placed inputs."""
         return {}
 
@@ -48,14 +76,14 @@ class GenaiFeeds(Feeds):
     """onnxruntime-genai's inputs: attention_mask of ones up to cache_position + S, position_ids
     when the graph takes them, an empty past for a prompt; cache_position itself is implied."""
 
-    def __init__(self, session: Any, meta: dict[str, Any]):
-        super().__init__(session, meta)
-        inputs = {i.name: i for i in session.get_inputs()}
-        self.input_names = list(inputs)
+    def __init__(self, sig: Signature, meta: dict[str, Any]):
+        super().__init__(sig, meta)
+        self.input_names = list(sig.inputs)
         self.past = [n for n in self.input_names if n.startswith(PAST)]
         details = meta["details"]
         self.kv_heads, self.head_dim = details["kv_heads"], details["head_dim"]
-        self.dtype = ORT_TYPES[inputs[self.past[0]].type] if self.past else np.float32
+        dtype = sig.inputs[self.past[0]] if self.past else "float32"
+        self.dtype = np.uint16 if dtype == "bfloat16" else np.dtype(dtype)  # numpy has no bfloat16: its bits
 
     def _extra(self, batch: int, start: int, seq: int) -> dict[str, np.ndarray]:
         """The mask over every position up to the last new one; new positions start at `start`."""
@@ -74,25 +102,25 @@ class GenaiFeeds(Feeds):
         start = int(feeds["cache_position"][0]) if "cache_position" in feeds else 0
         return {"input_ids": ids, **self._extra(b, start, s), **past}
 
-    def placed(self, inputs: dict[str, Any], place: Callable[[dict[str, np.ndarray]], dict[str, Any]]) -> dict[str, Any]:
-        b, s = inputs["input_ids"].shape()
-        past = {n: inputs[n] for n in self.past if n in inputs} or place(self._empty(b))
-        start = int(inputs["cache_position"].numpy()[0]) if "cache_position" in inputs else 0
-        return {"input_ids": inputs["input_ids"], **place(self._extra(b, start, s)), **past}
+    def placed(self, inputs: dict[str, Any], device: Placement) -> dict[str, Any]:
+        b, s = device.shape(inputs["input_ids"])
+        past = {n: inputs[n] for n in self.past if n in inputs} or device.place(self._empty(b))
+        start = int(device.to_host(inputs["cache_position"])[0]) if "cache_position" in inputs else 0
+        return {"input_ids": inputs["input_ids"], **device.place(self._extra(b, start, s)), **past}
 
-    def shared(self, inputs: dict[str, Any]) -> dict[str, Any]:
+    def shared(self, inputs: dict[str, Any], device: Placement) -> dict[str, Any]:
         """A past buffer that holds every position the mask covers (a static cache) takes the
         call's new keys and values in place: present.i is bound to past_key_values.i. A dynamic
-        cache (exactly the context) or an empty one gets a new present from ONNX Runtime."""
+        cache (exactly the context) or an empty one gets a new present from the runtime."""
         if not self.past:
             return {}
-        total = inputs["attention_mask"].shape()[1]
-        if inputs[self.past[0]].shape()[2] < total:
+        total = device.shape(inputs["attention_mask"])[1]
+        if device.shape(inputs[self.past[0]])[2] < total:
             return {}
         return {n.replace(PAST, PRESENT, 1): inputs[n] for n in self.past}
 
 
-def feeds_for(session: Any, meta: dict[str, Any]) -> Feeds:
+def feeds_for(sig: Signature, meta: dict[str, Any]) -> Feeds:
     """The adapter of this file's inputs: the builder's when it takes attention_mask and no cache_position."""
-    names = {i.name for i in session.get_inputs()}
-    return GenaiFeeds(session, meta) if "attention_mask" in names and "cache_position" not in names else Feeds(session, meta)
+    names = set(sig.inputs)
+    return GenaiFeeds(sig, meta) if "attention_mask" in names and "cache_position" not in names else Feeds(sig, meta)
