@@ -6,6 +6,8 @@ a result whose `failure` names the stage and carries the traceback.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import os
 import shutil
@@ -19,8 +21,21 @@ from typing import Any
 
 import numpy as np
 
+from tasks.export import describe, format_module
+from tasks.measure.bench import bench_metrics, measure, wall_clock
+from tasks.measure.environment import fingerprint, peak_bandwidth_gbs
+from tasks.measure.machine import benchmark_cores, core_list, peak_rss_mb, reset_peak_rss, watch
+from tasks.measure.parity import quantized, tolerance
+from tasks.measure.profiles import CALLS
 from tasks.measure.quality import QUALITY
+from tasks.model.families import FAMILIES
+from tasks.model.models import build_model, count_parameters, embedding_facts, model_dims
+from tasks.phases import phase_module
+from tasks.quality import make_quality
+from tasks.quality import measure as measure_quality
+from tasks.runtimes import runtime_module
 from tasks.specs import BenchResult, BenchSpec, ExportResult, ExportSpec, Failure
+from tasks.worker import forks
 from tasks.worker.entries import (
     INPUTS,
     META,
@@ -32,7 +47,7 @@ from tasks.worker.entries import (
     verify_entry,
     write_manifest,
 )
-from tasks.worker.forks import EXPORT_SERVER, bench_server
+from tasks.worker.forks import EXPORT_SERVER, bench_server, imported_since_fork
 from tasks.worker.fresh import in_fresh_process
 
 # What this process has run: a benchmark reports it, so a test can prove no benchmark
@@ -81,13 +96,8 @@ def export_job(spec: ExportSpec) -> ExportResult:
 def _export_into(spec: ExportSpec, tmp: Path) -> dict[str, Any]:
     """Build the model, make the phase's data, export the graph into `tmp` with the data beside
     it: the entry's meta. The model, graph and data are freed when it returns."""
-    import torch
+    import torch  # lazy: torch, only in a job's process
 
-    from tasks.export import format_module
-    from tasks.export._description import describe
-    from tasks.model.models import build_model, count_parameters, embedding_facts, model_dims
-    from tasks.phases import phase_module
-    from tasks.phases._quality import make_quality
 
     phase = phase_module(spec.phase.name)
     m = spec.model
@@ -139,7 +149,7 @@ def _signature(names: list[str], tensors: Any) -> dict[str, tuple[list[int], str
 def _outputs(graph: Any, data: Any, output_names: list[str]) -> dict[str, tuple[list[int], str]]:
     """The graph's outputs, from one eager call on copies of the inputs (a cache update may
     write into its inputs in place)."""
-    import torch
+    import torch  # lazy: torch, only in a job's process
 
     with torch.no_grad():
         outs = graph(*(a.clone() for a in data.example_args()))
@@ -147,8 +157,6 @@ def _outputs(graph: Any, data: Any, output_names: list[str]) -> dict[str, tuple[
 
 
 def _release_memory() -> None:
-    import ctypes
-    import gc
 
     gc.collect()
     try:
@@ -162,9 +170,6 @@ def fork_servers(formats: Iterable[str], runtimes: Iterable[str]) -> dict[str, t
     exports (torch, transformers' modelling modules, each format's PRELOAD; none when every
     export is cached) and one per runtime (numpy and its PRELOAD only, so a benchmark's
     process holds what a spawned one would and memory figures compare across runtimes)."""
-    from tasks.export import format_module
-    from tasks.model.families import FAMILIES
-    from tasks.runtimes import runtime_module
 
     servers = {}
     if formats := sorted(set(formats)):
@@ -190,8 +195,6 @@ def export_in_fresh_process(spec: ExportSpec, timeout_s: float | None = None, fo
 def bench_job(spec: BenchSpec) -> BenchResult:
     """Load the backend, time its first call, check parity against the reference, then time
     the phase's call."""
-    from tasks.measure.machine import benchmark_cores, core_list
-    from tasks.phases import phase_module
 
     ran_before = ",".join(_RAN)
     _RAN.append("bench")
@@ -210,13 +213,11 @@ def bench_job(spec: BenchSpec) -> BenchResult:
         _benchmark(spec, phase, session, call, cores, meta, feeds, result)
         if spec.bench.profile:  # after every timed call: the profiler never touches the numbers above
             stage = "profile"
-            from tasks.measure.profiles import CALLS
 
             with tempfile.TemporaryDirectory(prefix="phasesweep-profile-") as folder, session.timed_region():
                 result.profile = session.profile(feeds, CALLS, Path(folder))
         if spec.bench.quality:  # after every timed call, through the same session
             stage = "quality"
-            from tasks.phases._quality import measure as measure_quality
 
             result.metrics.update(measure_quality(session, phase, spec.phase, feeds, spec.export_dir))  # as parity: untimed
         result.ok = True
@@ -228,16 +229,11 @@ def bench_job(spec: BenchSpec) -> BenchResult:
 def _load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray], result: BenchResult, ran_before: str):
     """The runtime's session and its bound call, with the load's time and the fresh session's
     first call (before parity) in `result`."""
-    from tasks.export import format_module
-    from tasks.measure.bench import wall_clock
-    from tasks.measure.environment import fingerprint
-    from tasks.runtimes import runtime_module
-    from tasks.worker.forks import FORKED
 
     runtime = runtime_module(spec.runtime)
     result.env = fingerprint(spec.device, (*format_module(meta["export_format"]).LIBRARIES, *runtime.LIBRARIES))
     result.params.update(
-        pid=os.getpid(), process_ran_before=ran_before or "nothing", process_start="forked" if FORKED else "spawned"
+        pid=os.getpid(), process_ran_before=ran_before or "nothing", process_start="forked" if forks.FORKED else "spawned"
     )
     t0 = time.perf_counter()
     session = runtime.load(spec, meta, feeds)
@@ -253,7 +249,6 @@ def _load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray], r
 
 def _parity(spec: BenchSpec, phase: Any, session: Any, feeds: dict, parity_data: dict, result: BenchResult) -> bool:
     """Check the outputs against the export's reference; False (and result.failure) if they differ."""
-    from tasks.measure.parity import quantized, tolerance
 
     atol = tolerance(spec.model.dtype, spec.bench.parity_atol)
     par = phase.check_parity(session, spec.phase, feeds, parity_data, atol)
@@ -294,10 +289,6 @@ def _benchmark(
 ) -> None:
     """Time the bound call (tasks/measure/bench.py) while watching the machine; its statistics,
     memory and the phase's own metrics into `result`."""
-    from tasks.measure.bench import bench_metrics, measure
-    from tasks.measure.environment import peak_bandwidth_gbs
-    from tasks.measure.machine import peak_rss_mb, reset_peak_rss, watch
-    from tasks.worker.forks import imported_since_fork
 
     result.metrics["peak_rss_load_mb"] = peak_rss_mb()  # loading, first call and parity
     reset = reset_peak_rss()

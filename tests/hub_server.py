@@ -128,10 +128,10 @@ class _Handler(BaseHTTPRequestHandler):
         if ranged:
             self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
         self.end_headers()
-        if not head:
-            self.wfile.write(data[start : end + 1])
+        if not head:  # counted before it is written: a client that has it finds it counted
             name = entry["path"]
             self.server.sent[name] = self.server.sent.get(name, 0) + end + 1 - start
+            self.wfile.write(data[start : end + 1])
 
     def _json(self, obj, head: bool) -> None:
         body = json.dumps(obj).encode()

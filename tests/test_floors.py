@@ -7,14 +7,12 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import ROOT
 
 # lowest first; a room is a subpackage, or a top-level module named by its stem
 FLOORS = {
     "orchestrator": [("common",), ("plan",), ("record",), ("read",), ("run",), ("entry", "launcher", "help", "compare", "report", "replay")],
-    "tasks": [("specs", "registry", "contract"), ("measure",), ("worker",), ("model",), ("export",), ("phases",), ("runtimes",), ("jobs", "paired")],
+    "tasks": [("specs", "registry", "contract"), ("measure",), ("worker",), ("model",), ("export",), ("phases",), ("runtimes",), ("jobs", "paired", "quality")],
 }
 
 
@@ -107,13 +105,6 @@ def test_no_product_module_is_over_400_lines():
 # -- import hygiene: no circles, no other file's private names, lazy imports say why ---------------
 
 PACKAGES = ("orchestrator", "tasks")
-# files other branches are rewriting now: their unexplained function-level imports are fixed on merge
-BEING_REWRITTEN = (
-    "orchestrator/launcher.py", "orchestrator/run/sweep.py", "tasks/jobs.py", "tasks/registry.py", "tasks/export/", "tasks/runtimes/",
-    *(f"orchestrator/plan/{m}.py" for m in ("planner", "config", "compose", "variant", "grid", "capture", "placement")),
-)
-
-
 def modules_of(root: Path) -> dict[str, Path]:
     """{dotted name: file} of every module of PACKAGES (a package by its __init__.py)."""
     return {module_name(p, root): p for package in PACKAGES for p in sorted((root / package).rglob("*.py"))}
@@ -258,23 +249,13 @@ def test_no_import_circles():
     assert import_circles() == []
 
 
-def test_nothing_imports_another_files_private_name_outside_the_files_being_rewritten():
-    assert [hit for hit in private_imports() if not hit.startswith(BEING_REWRITTEN)] == []
-
-
-@pytest.mark.xfail(strict=True, reason="tasks/jobs.py imports tasks.export._description and tasks.phases._quality; drop this mark once it does not")
 def test_nothing_imports_another_files_private_name():
     assert private_imports() == []
 
 
-def test_every_lazy_import_says_why_outside_the_files_being_rewritten():
-    found = [hit for hit in unexplained_lazy_imports() if not hit.startswith(BEING_REWRITTEN) or hit.startswith("tasks/export/_anatomy.py")]
-    assert found == [], "a function-level import without its reason: move it to the top, or say why it is lazy"
-
-
-@pytest.mark.xfail(strict=True, reason=f"awaits the branches rewriting {', '.join(BEING_REWRITTEN)}; drop this mark once they say why")
 def test_every_lazy_import_says_why():
-    assert unexplained_lazy_imports() == []
+    found = unexplained_lazy_imports()
+    assert found == [], "a function-level import without its reason: move it to the top, or say why it is lazy"
 
 
 def test_the_hygiene_checks_see_a_circle_a_private_name_and_an_unexplained_lazy_import(tmp_path):

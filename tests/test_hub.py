@@ -114,6 +114,9 @@ def test_the_id_names_its_variants_and_its_commit_is_a_param_and_part_of_the_exp
     assert old.export_key != pv.export_key  # another commit: another export
     (same,) = plan_jobs(["phase=decode", f"model.checkpoint={TINY}", f"model.revision={hub.main}"]).variants
     assert same.export_key == pv.export_key  # main and its commit are one revision
+    swept = plan_jobs(["phase=decode", f"model.checkpoint={TINY}", "model.revision=v1"],
+                      ["phase=decode", f"model.checkpoint={TINY}", "model.revision=main"]).variants  # fmt: skip
+    assert [v.name for v in swept] == [f"Tiny-Llama_decode_onnxruntime_cpu_rev-{c[:7]}" for c in (hub.v1, hub.main)]
 
 
 def refused(sweep_in_tmp, tmp_path: Path, *overrides: str) -> str:

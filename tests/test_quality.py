@@ -1,5 +1,5 @@
 """Quality beside speed: the metrics' math, the text split, and a broken model caught through
-a real session (tasks/measure/quality.py, tasks/phases/_quality.py)."""
+a real session (tasks/measure/quality.py, tasks/quality.py)."""
 
 from __future__ import annotations
 
@@ -192,7 +192,7 @@ def test_a_float32_unquantised_variant_is_the_reference_and_measures_nothing(tmp
     from types import SimpleNamespace
 
     from tasks.measure.quality import QUALITY
-    from tasks.phases import _quality
+    from tasks import quality as _quality
     from tasks.specs import QualitySpec
 
     spec = SimpleNamespace(quality=QualitySpec(text=None, tokens=8), model=model_spec("llama"))

@@ -33,6 +33,8 @@ def suffix(key: str, value: Any) -> str:
         return DTYPE_SHORT.get(value, str(value))
     if key == "model.checkpoint":
         return f"ckpt-{Path(value).name}" if value else "random"
+    if key == "model.revision":  # a Hub id's commit: its first 7 hex digits, as git abbreviates it
+        return f"rev-{str(value)[:7]}" if value else "rev-none"
     prefix = SHORT.get(key, key.rsplit(".", 1)[-1])
     text = str(value).lower() if isinstance(value, bool) else str(value)
     if text.startswith("["):  # a list, as params hold it (JSON): its items joined, or "none"

@@ -6,7 +6,10 @@ names; a runtime then runs its files (tasks/runtimes/)."""
 from __future__ import annotations
 
 from tasks.contract import ExportFormat
+from tasks.export._description import describe  # what every format writes into its file: the jobs' door to it
 from tasks.registry import load_object
+
+__all__ = ["describe", "format_module"]
 
 
 def format_module(name: str) -> ExportFormat:

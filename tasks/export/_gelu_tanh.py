@@ -14,6 +14,7 @@ from typing import Any
 
 
 def _tanh_gelus(program: Any) -> int:
+    # lazy: torch, only in a job's process
     import torch
 
     gelu = torch.ops.aten.gelu.default
@@ -22,6 +23,7 @@ def _tanh_gelus(program: Any) -> int:
 
 def write_out_tanh_gelu(program: Any) -> Any:
     """The exported program with every tanh GELU decomposed (the same program when it has none)."""
+    # lazy: torch, only in a job's process
     import torch
 
     if not _tanh_gelus(program):

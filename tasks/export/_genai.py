@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.export._onnx_quant import genai_options
+
 if TYPE_CHECKING:
     import torch
 
@@ -93,7 +95,9 @@ def write_tokenizer(folder: Path, vocab_size: int, checkpoint: str | None) -> st
             for p in found:
                 shutil.copy(p, folder / p.name)
             return "checkpoint"
-    from tokenizers import Tokenizer, models
+    from tokenizers import Tokenizer, models  # lazy: tokenizers, only in a job's process
+
+    # lazy: transformers, only in a job's process
     from transformers import PreTrainedTokenizerFast
 
     words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
@@ -114,10 +118,12 @@ def build(
     model's weights as transformers saves them, quantised by the builder's own int4/int8
     precision for model.quant (tasks/export/_onnx_quant.py GENAI). Returns details for the
     export's meta."""
+    # lazy: onnxruntime-genai, only in a job's process
     import onnxruntime_genai
+
+    # lazy: onnxruntime-genai, only in a job's process
     from onnxruntime_genai.models.builder import create_model, parse_extra_options
 
-    from tasks.export._onnx_quant import genai_options
 
     architecture = model.config.architectures[0] if model.config.architectures else ARCHITECTURES[family]
     if architecture != ARCHITECTURES[family]:

@@ -71,6 +71,7 @@ def _untie_transposed_weights(graph: Any) -> int:
     the embedding table so) gets the transposed weight as its own initializer, which the
     quantiser packs, as the builder quantises a tied head; the Gather keeps the float table.
     Returns how many were untied."""
+    # lazy: onnx, only in a job's process
     from onnx import numpy_helper
 
     inits = {t.name: t for t in graph.initializer}
@@ -150,6 +151,7 @@ def quantize(proto: Any, quant: str, group: int) -> dict[str, Any]:
 def quantize_file(path: Path, quant: str, group: int, external_bytes: int) -> dict[str, Any]:
     """Rewrite the ONNX file at `path` quantised: its weights loaded, quantised, saved again
     (external data past `external_bytes`, one file, as the exporter writes it)."""
+    # lazy: onnx, only in a job's process
     import onnx
 
     proto = onnx.load(str(path))  # with its external data, if any

@@ -32,6 +32,7 @@ def canonical_external_data(path: Path, proto: Any) -> bool:
     the sha256 of their bytes and the smaller ones moved into the graph, and save `proto`
     (loaded without its external data) to `path`. False, and nothing changed, when it holds
     no external tensor or names more than one file."""
+    # lazy: onnx, only in a job's process
     import onnx
 
     tensors = [t for t in proto.graph.initializer if t.external_data]

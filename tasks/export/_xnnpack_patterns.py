@@ -29,7 +29,7 @@ def caches() -> list:
 
 def _end_tqdm_monitor() -> None:
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # lazy: tqdm, only once the patterns are made
     except ImportError:
         return
     monitor = getattr(tqdm, "monitor", None)
@@ -49,6 +49,7 @@ def make_patterns() -> bool:
     except (ImportError, AttributeError) as e:
         warnings.warn(f"XNNPACK's pattern caches not found ({e}): they are made in each export", stacklevel=2)
         return False
+    # lazy: torch, only in a job's process
     import torch
 
     threads = torch.get_num_threads()

@@ -7,6 +7,7 @@ memory is planned for the largest token count the graph's bounds allow."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -15,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.contract import ExportFormat, Point
 from tasks.export._anatomy import summary
+from tasks.export._gelu_tanh import write_out_tanh_gelu
 from tasks.export._pte_bytes import lookup_tables, segment_bytes
+from tasks.model.quant import quantize
 from tasks.specs import IN_GRAPH_KV_CACHES, choice
 
 if TYPE_CHECKING:
@@ -93,6 +96,7 @@ class ExecutorchFormat(ExportFormat):
 def partitioners(delegate: str, quant: str) -> list[Any]:
     """XNNPACK's partitioners: for a quantised model, the dynamically quantised linears first, then
     everything else, as ExecuTorch's export_llama (`-qmode 8da4w -X`)."""
+    # lazy: executorch, only in a job's process
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
         XnnpackDynamicallyQuantizedPartitioner,
         XnnpackPartitioner,
@@ -108,7 +112,6 @@ def partitioners(delegate: str, quant: str) -> list[Any]:
 
 
 def _pass(name: str):
-    import importlib
 
     module, cls = PASSES[name].split(":")
     return getattr(importlib.import_module(f"executorch.backends.transforms.{module}"), cls)()
@@ -123,9 +126,9 @@ def export(
     options: dict[str, Any],
     description: dict[str, Any],
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    # lazy: torch, only in a job's process
     import torch
 
-    from tasks.model.quant import quantize
 
     opts = Options(**options)
     model = description["model"]
@@ -145,10 +148,13 @@ def export(
 
 def _lower(graph: Any, args: tuple, input_names: list[str], opts: Options, description: dict[str, Any]) -> Any:
     """torch.export of the graph, lowered to the edge dialect with the chosen passes and partitioners."""
+    # lazy: torch, only in a job's process
     import torch
+
+    # lazy: executorch, only in a job's process
     from executorch.exir import to_edge_transform_and_lower
 
-    from tasks.export._gelu_tanh import write_out_tanh_gelu
+    # lazy: it imports torch or its kin, which this module's importers (the driver) must not
     from tasks.export._shapes import dynamic_shapes, example_args
 
     args = example_args(graph, args)
@@ -166,8 +172,13 @@ def _lower(graph: Any, args: tuple, input_names: list[str], opts: Options, descr
 def _memory_planning() -> Any:
     """An in-graph cache's config: inputs owned by the caller; memory planned for the upper bound
     of S, not the example's."""
+    # lazy: executorch, only in a job's process
     from executorch.exir import ExecutorchBackendConfig
+
+    # lazy: executorch, only in a job's process
     from executorch.exir.passes import MemoryPlanningPass
+
+    # lazy: executorch, only in a job's process
     from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
 
     return ExecutorchBackendConfig(
@@ -178,6 +189,7 @@ def _memory_planning() -> Any:
 
 def _delegation(edge: Any, inside: dict[str, Any], opts: Options) -> dict[str, Any]:
     """What the delegate took, what it left to custom kernels, and the options that chose it."""
+    # lazy: executorch, only in a job's process
     from executorch.devtools.backend_debug import get_delegation_info
 
     info = get_delegation_info(edge.exported_program().graph_module)

@@ -63,9 +63,13 @@ def export(
     options: dict[str, Any],
     description: dict[str, Any],
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    # lazy: onnx, only in a job's process
     import onnx
+
+    # lazy: torch, only in a job's process
     import torch
 
+    # lazy: it imports torch or its kin, which this module's importers (the driver) must not
     from tasks.export._shapes import dynamic_shapes
 
     opts = Options(**options)
@@ -120,6 +124,7 @@ def quant_description(quant: str, group: int, details: dict[str, Any]) -> dict[s
 def _export_genai(graph: Any, path: Path, description: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """The builder's model of the graph's transformers model (its weights), described with
     the file's own inputs and outputs."""
+    # lazy: onnx, only in a job's process
     import onnx
 
     m = description["model"]
@@ -137,6 +142,7 @@ def _export_genai(graph: Any, path: Path, description: dict[str, Any]) -> tuple[
 
 def _io(proto: Any) -> dict[str, Any]:
     """{"inputs": {name: {shape, dtype}}, "outputs": ...} of an ONNX graph; symbolic dims by name."""
+    # lazy: onnx, only in a job's process
     import onnx
 
     def side(values: Any) -> dict[str, Any]:
@@ -181,6 +187,7 @@ def _graph_ops(graph: Any, ops: Counter) -> None:
 def _tensor_bytes(t: Any) -> int:
     """Its bytes as stored: external data's length, raw bytes, else its elements at their
     width (4-bit types two to a byte)."""
+    # lazy: onnx, only in a job's process
     import onnx
 
     for entry in t.external_data:
@@ -237,6 +244,7 @@ def fused_counts(anatomy: dict) -> dict[str, int]:
 
 def anatomy(path: str | Path) -> dict:
     """The anatomy of an .onnx file (its external data is never read)."""
+    # lazy: onnx, only in a job's process
     import onnx
 
     path = Path(path)

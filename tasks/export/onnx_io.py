@@ -33,6 +33,7 @@ class Signature:
 
 def signature(path: str | Path) -> Signature:
     """The file's own inputs and outputs (its external weights are never read)."""
+    # lazy: onnx, only in a job's process
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from tasks.measure.session import Session
+from tasks.model.tensors import logits_numpy, to_numpy
 
 
 class TorchOutputSession(Session):
@@ -14,12 +15,10 @@ class TorchOutputSession(Session):
     dtype (bfloat16 as uint16 bits)."""
 
     def to_host(self, logits: Any) -> np.ndarray:
-        from tasks.model.tensors import logits_numpy
 
         return logits_numpy(logits)
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        from tasks.model.tensors import to_numpy
 
         logits, *rest = self.step(self.place(self.prepare(feeds)))
         return [self.to_host(logits), *map(to_numpy, rest)]

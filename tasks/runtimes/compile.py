@@ -35,6 +35,7 @@ def dynamo_counters() -> Any:
     a warning where an upgrade moved them: recompiles then go uncounted, and the timed region
     uses the public fail_on_recompile stance instead."""
     try:
+        # lazy: torch, only in a job's process
         from torch._dynamo.utils import counters
 
         int(counters["stats"]["unique_graphs"]) + int(counters["frames"]["total"])
@@ -71,6 +72,7 @@ class CompiledSession(TorchSession):
         return None if graphs is None else graphs - self.compiled_after_load
 
     def place(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        # lazy: torch, only in a job's process
         import torch
 
         tensors = super().place(arrays)
@@ -84,6 +86,7 @@ class CompiledSession(TorchSession):
     def timed_region(self) -> Iterator[None]:
         """Counters read before and after rather than set_stance("fail_on_recompile"), which
         adds work to every call; the stance where the counters are gone."""
+        # lazy: torch, only in a job's process
         import torch
 
         before = _compile_counts()
@@ -112,6 +115,7 @@ class CompileRuntime(EagerRuntime):
 
 
 def load(spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> TorchSession:
+    # lazy: torch, only in a job's process
     import torch
 
     set_threads(spec)

@@ -14,6 +14,10 @@ import numpy as np
 from tasks.contract import Refusal, Runtime
 from tasks.measure.profiles import CALLS, WARMUP, add, top_ops
 from tasks.model.families import FAMILIES
+from tasks.model.models import build_model
+from tasks.model.quant import quantize
+from tasks.model.tensors import to_torch
+from tasks.phases import phase_module
 from tasks.runtimes._torch_session import TorchOutputSession
 from tasks.specs import BenchSpec
 
@@ -29,6 +33,7 @@ def _nothing() -> None:
 
 class TorchSession(TorchOutputSession):
     def __init__(self, module: torch.nn.Module, spec: BenchSpec, meta: dict[str, Any]):
+        # lazy: torch, only in a job's process
         import torch
 
         self.device = torch.device(spec.device)
@@ -43,14 +48,15 @@ class TorchSession(TorchOutputSession):
     def place(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         """Device copies made in inference mode, as the outputs fed back are (torch.compile
         guards on the difference)."""
+        # lazy: torch, only in a job's process
         import torch
 
-        from tasks.model.tensors import to_torch
 
         with torch.inference_mode():
             return {n: to_torch(a, self.dtypes.get(n)).to(self.device, copy=True) for n, a in arrays.items()}
 
     def step(self, inputs: dict[str, Any]) -> list[Any]:
+        # lazy: torch, only in a job's process
         import torch
 
         with torch.inference_mode():
@@ -68,18 +74,21 @@ class TorchSession(TorchOutputSession):
     @contextmanager
     def timed_region(self) -> Iterator[None]:
         """Inference mode, entered once around the timed calls rather than in each."""
+        # lazy: torch, only in a job's process
         import torch
 
         with torch.inference_mode():
             yield
 
     def sync(self) -> None:
+        # lazy: torch, only in a job's process
         import torch
 
         torch.cuda.synchronize(self.device)
 
     def timer(self):
         """On CUDA, CUDA events (device time); on the CPU, None: the host clock."""
+        # lazy: torch, only in a job's process
         import torch
 
         if self.device.type != "cuda":
@@ -97,6 +106,7 @@ class TorchSession(TorchOutputSession):
         return timed
 
     def device_metrics(self) -> dict[str, float]:
+        # lazy: torch, only in a job's process
         import torch
 
         if self.device.type != "cuda":
@@ -107,6 +117,7 @@ class TorchSession(TorchOutputSession):
 def profile_rows(call: Callable[[], object], sync: Callable[[], None], cuda: bool, calls: int = CALLS):
     """Each op's self time under torch.profiler (the device's on CUDA); the call's whole time
     from the host clock."""
+    # lazy: torch, only in a job's process
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(WARMUP):
@@ -128,6 +139,7 @@ def profile_rows(call: Callable[[], object], sync: Callable[[], None], cuda: boo
 
 
 def set_threads(spec: BenchSpec) -> None:
+    # lazy: torch, only in a job's process
     import torch
 
     if spec.bench.threads:
@@ -136,9 +148,6 @@ def set_threads(spec: BenchSpec) -> None:
 
 def build_module(spec: BenchSpec) -> torch.nn.Module:
     """The same graph module the exporters see, built from the spec."""
-    from tasks.model.models import build_model
-    from tasks.model.quant import quantize
-    from tasks.phases import phase_module
 
     m = spec.model
     graph = phase_module(spec.phase.name).build_graph(build_model(m), spec.phase, m.family, m.kv_cache, m.attention)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import numpy as np
 
 from tasks.contract import Runtime
 from tasks.measure.profiles import WARMUP, add, top_ops
+from tasks.model.tensors import to_torch
 from tasks.runtimes._torch_session import TorchOutputSession
 from tasks.specs import BenchSpec
 
@@ -27,7 +29,10 @@ def threadpool(portable_lib: Any, name: str) -> Any:
 
 class PteSession(TorchOutputSession):
     def __init__(self, path: Path, spec: BenchSpec, meta: dict[str, Any]):
+        # lazy: executorch, only in a job's process
         from executorch.extension.pybindings import portable_lib
+
+        # lazy: executorch, only in a job's process
         from executorch.runtime import Runtime
 
         if spec.device != "cpu":
@@ -35,6 +40,7 @@ class PteSession(TorchOutputSession):
         if spec.bench.threads:
             threadpool(portable_lib, "_unsafe_reset_threadpool")(spec.bench.threads)
         if meta["details"].get("custom_ops", "none") != "none":  # llama::update_cache, custom_sdpa kernels
+            # lazy: it imports torch or its kin, which this module's importers (the driver) must not
             from tasks.model.sdpa import load_llama_ops
 
             load_llama_ops()
@@ -46,7 +52,6 @@ class PteSession(TorchOutputSession):
         self.metrics: dict[str, float] = {}
 
     def place(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-        from tasks.model.tensors import to_torch
 
         return {n: to_torch(a, self.dtypes.get(n)) for n, a in arrays.items()}
 
@@ -62,10 +67,14 @@ class PteSession(TorchOutputSession):
 
     def profile(self, feeds: dict[str, np.ndarray], calls: int, folder: Path) -> list[dict[str, Any]]:
         """Portable kernels and XNNPACK operators, from an ETDump of a second load with tracing on."""
-        import warnings
 
+        # lazy: executorch, only in a job's process
         from executorch.devtools import Inspector
+
+        # lazy: executorch, only in a job's process
         from executorch.devtools.inspector import TimeScale
+
+        # lazy: executorch, only in a job's process
         from executorch.runtime import Runtime
 
         program = Runtime.get().load_program(self.path, enable_etdump=True, debug_buffer_size=0)

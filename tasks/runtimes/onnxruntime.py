@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -9,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from tasks.contract import Runtime
+from tasks.export.onnx import EXTERNAL_DATA_BYTES, anatomy, fused_counts
 from tasks.export.onnx_io import feeds_for, signature
 from tasks.measure.profiles import WARMUP, add, top_ops
 from tasks.measure.session import Session
@@ -28,6 +31,7 @@ class Options:
 
 class OrtSession(Session):
     def __init__(self, path: Path, spec: BenchSpec, meta: dict[str, Any] | None = None):
+        # lazy: onnxruntime, only in a job's process
         import onnxruntime as ort
 
         options = Options(**spec.runtime_options)
@@ -69,11 +73,10 @@ class OrtSession(Session):
         anatomy recorded as ort_graph_* metrics: movement kinds and the fused ops' counts. Not
         for external weights past EXTERNAL_DATA_BYTES (it would copy GBs) nor CUDA (whose
         partitioned graph is not written)."""
-        import tempfile
 
+        # lazy: onnxruntime, only in a job's process
         import onnxruntime as ort
 
-        from tasks.export.onnx import EXTERNAL_DATA_BYTES, anatomy, fused_counts
 
         external = sum(p.stat().st_size for p in path.parent.glob(path.name + ".*"))
         if external > EXTERNAL_DATA_BYTES or self.device != "cpu":
@@ -121,6 +124,7 @@ class OrtSession(Session):
             self._binding.synchronize_outputs()
 
     def place(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        # lazy: onnxruntime, only in a job's process
         import onnxruntime as ort
 
         return {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), self.device, 0) for n, a in arrays.items()}
@@ -139,8 +143,8 @@ class OrtSession(Session):
 
     def profile(self, feeds: dict[str, np.ndarray], calls: int, folder: Path) -> list[dict[str, Any]]:
         """Kernels by op type, from a second session with the same settings and the profiler on."""
-        import json
 
+        # lazy: onnxruntime, only in a job's process
         import onnxruntime as ort
 
         opts = self._options
