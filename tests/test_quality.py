@@ -191,8 +191,8 @@ def test_a_float32_unquantised_variant_is_the_reference_and_measures_nothing(tmp
     """Its export stores only the mark, makes no reference model; its benchmark reports the mark."""
     from types import SimpleNamespace
 
-    from tasks.measure.quality import QUALITY
     from tasks import quality as _quality
+    from tasks.measure.quality import QUALITY
     from tasks.specs import QualitySpec
 
     spec = SimpleNamespace(quality=QualitySpec(text=None, tokens=8), model=model_spec("llama"))
