@@ -282,3 +282,19 @@ def test_the_hygiene_checks_see_a_circle_a_private_name_and_an_unexplained_lazy_
         "tasks/other.py:1 imports tasks.model._private.x",
     ]
     assert unexplained_lazy_imports(tmp_path) == ["tasks/model/b.py:7: import json", "tasks/model/b.py:8: import os  # noqa: F401"]
+
+
+def long_functions(root: Path = ROOT, limit: int = 60) -> list[str]:
+    """`file:line name (N lines)` of every function of PACKAGES longer than `limit` lines."""
+    out = []
+    for path in modules_of(root).values():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit:
+                out.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    return out
+
+
+def test_no_function_a_reader_cannot_hold():
+    """None over 60 lines in orchestrator/ and tasks/: a long one is split by meaning, into steps with names."""
+    assert long_functions() == []
+
