@@ -211,3 +211,14 @@ def test_the_experiment_tags_open_the_classic_view_on_the_figures():
     for column in ("latency_ms_median", "tokens_per_s", "parity_max_abs_diff", "quality_ppl_increase"):
         assert f"metrics.`{column}`" in view["selectedColumns"]
     assert "tags.`status`" in view["selectedColumns"]
+
+
+def test_the_sweep_note_shows_the_plots_through_the_uis_artifact_route():
+    from orchestrator.read.summary import sweep_note
+
+    rows = [{"variant": "a", "median_ms": "1.000"}]
+    note = sweep_note("python sweep.py -m", rows, plots=("latency.png", "plots/speed up.png"), run_id="r1")
+    assert note.index("| a ") < note.index("**Plots**")
+    assert "![latency](get-artifact?path=latency.png&run_uuid=r1)" in note
+    assert "![speed up](get-artifact?path=plots/speed%20up.png&run_uuid=r1)" in note
+    assert "Plots" not in sweep_note(None, rows) and len(sweep_note(None, rows * 500, plots=("latency.png",), run_id="r")) <= 5000

@@ -227,5 +227,13 @@ def test_the_sweep_link_shows_the_summary_table(sweep_links, browser, shots):
 
     table = wait_for(browser, summary_table, "no summary table with the variants in the run's description")
     assert "parity_max_diff" in table.text and "status" in table.text
+
+    def plots_shown(d):  # the plots below the table, each loaded from the run's artifacts
+        images = [i for i in d.find_elements(By.TAG_NAME, "img") if "get-artifact?path=" in (i.get_attribute("src") or "")]
+        loaded = [i for i in images if d.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", i)]
+        return loaded if loaded and len(loaded) == len(images) else None
+
+    shown = wait_for(browser, plots_shown, "no plot shown in the run's description")
+    assert any("latency.png" in i.get_attribute("src") for i in shown)
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", table)
     browser.save_screenshot(str(shots / "mlflow_sweep_run.png"))

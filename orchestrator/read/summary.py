@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from orchestrator.common.console import RIGHT, fold, table
 from orchestrator.common.outcome import Outcome, Status
@@ -149,14 +151,18 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def sweep_note(command: str | None, rows: list[dict[str, Any]], limit: int = 5000) -> str:
-    """The sweep run's description (tag mlflow.note.content): its command and summary table in
-    markdown, cut to whole rows under `limit` characters."""
+def sweep_note(command: str | None, rows: list[dict[str, Any]], limit: int = 5000, plots: tuple[str, ...] = (),
+               run_id: str | None = None) -> str:  # fmt: skip
+    """The sweep run's description (tag mlflow.note.content): its command, summary table and
+    plots (`plots`: their artifact paths on run `run_id`, shown by the UI's own artifact route) in
+    markdown, the table cut to whole rows under `limit` characters."""
     head = (f"**Command:** `{command}`\n\n" if command else "") + "**Summary**\n\n"
+    images = "".join(f"\n\n![{Path(p).stem}](get-artifact?path={quote(p)}&run_uuid={run_id})" for p in plots if run_id)
+    images = f"\n\n**Plots**{images}" if images else ""
     for n in range(len(rows), -1, -1):
         more = len(rows) - n
         tail = f"\n\n... {more} more variant(s): see summary.txt" if more else ""
-        text = head + (markdown_table(rows[:n]) if n else "") + tail
+        text = head + (markdown_table(rows[:n]) if n else "") + tail + images
         if len(text) <= limit:
             return text
     return head[:limit]

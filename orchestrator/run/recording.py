@@ -151,7 +151,8 @@ def log_summary(
         tracker.artifact(parent, plot, None if folder == "." else folder)
     client = getattr(tracker, "client", None)  # MLflow's own; a test's tracker has none
     command = client.get_run(parent).data.params.get("command") if client else None
-    tracker.log(parent, tags={"mlflow.note.content": sweep_note(command, rows)})
+    shown = tuple(plot.relative_to(out_dir).as_posix() for plot in drawn)
+    tracker.log(parent, tags={"mlflow.note.content": sweep_note(command, rows, plots=shown, run_id=parent)})
     if rows:
         tracker.log_table(parent, rows, "summary_table.json")
     return text
