@@ -98,7 +98,6 @@ def _export_into(spec: ExportSpec, tmp: Path) -> dict[str, Any]:
     it: the entry's meta. The model, graph and data are freed when it returns."""
     import torch  # lazy: torch, only in a job's process
 
-
     phase = phase_module(spec.phase.name)
     m = spec.model
     model = build_model(m)
@@ -157,7 +156,6 @@ def _outputs(graph: Any, data: Any, output_names: list[str]) -> dict[str, tuple[
 
 
 def _release_memory() -> None:
-
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -59,7 +59,8 @@ def test_a_sweep_over_it_records_quality_for_every_backend(trained, tmp_path, ml
     runs = client.search_runs([client.get_experiment_by_name("phasesweep").experiment_id], max_results=50)
     variants = {r.info.run_name: r for r in runs if r.data.tags.get("phasesweep.role") != "sweep"}
     assert len(variants) == 7, sorted(variants)
-    reference = variants.pop("llama_decode_onnxruntime_cpu_fp32")  # float32, unquantised: the reference itself
+    (name,) = [n for n, r in variants.items() if r.data.params["model.dtype"] == "float32"]
+    reference = variants.pop(name)  # float32, unquantised: the reference itself
     assert reference.data.metrics["quality_reference"] == 1.0 and "quality_kl" not in reference.data.metrics
     assert "the reference itself" in reference.data.params["export.quality_inputs"]
     for name, run in variants.items():

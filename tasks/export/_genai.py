@@ -124,7 +124,6 @@ def build(
     # lazy: onnxruntime-genai, only in a job's process
     from onnxruntime_genai.models.builder import create_model, parse_extra_options
 
-
     architecture = model.config.architectures[0] if model.config.architectures else ARCHITECTURES[family]
     if architecture != ARCHITECTURES[family]:
         raise ValueError(f"model.family={family}: the model is a {architecture}, the builder expects {ARCHITECTURES[family]}")

@@ -15,10 +15,8 @@ class TorchOutputSession(Session):
     dtype (bfloat16 as uint16 bits)."""
 
     def to_host(self, logits: Any) -> np.ndarray:
-
         return logits_numpy(logits)
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-
         logits, *rest = self.step(self.place(self.prepare(feeds)))
         return [self.to_host(logits), *map(to_numpy, rest)]

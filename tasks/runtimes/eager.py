@@ -13,9 +13,9 @@ import numpy as np
 
 from tasks.contract import Refusal, Runtime
 from tasks.measure.profiles import CALLS, WARMUP, add, top_ops
+from tasks.model import quant  # quant.quantize looked up when called: a test may stand in for it
 from tasks.model.families import FAMILIES
 from tasks.model.models import build_model
-from tasks.model.quant import quantize
 from tasks.model.tensors import to_torch
 from tasks.phases import phase_module
 from tasks.runtimes._torch_session import TorchOutputSession
@@ -50,7 +50,6 @@ class TorchSession(TorchOutputSession):
         guards on the difference)."""
         # lazy: torch, only in a job's process
         import torch
-
 
         with torch.inference_mode():
             return {n: to_torch(a, self.dtypes.get(n)).to(self.device, copy=True) for n, a in arrays.items()}
@@ -151,7 +150,7 @@ def build_module(spec: BenchSpec) -> torch.nn.Module:
 
     m = spec.model
     graph = phase_module(spec.phase.name).build_graph(build_model(m), spec.phase, m.family, m.kv_cache, m.attention)
-    quantize(graph, m.quant, m.quant_group)  # model.quant: torchao's tensor subclasses run under torch and inductor
+    quant.quantize(graph, m.quant, m.quant_group)  # model.quant: torchao's tensor subclasses run under torch and inductor
     return graph
 
 

@@ -52,7 +52,6 @@ class PteSession(TorchOutputSession):
         self.metrics: dict[str, float] = {}
 
     def place(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-
         return {n: to_torch(a, self.dtypes.get(n)) for n, a in arrays.items()}
 
     def step(self, inputs: dict[str, Any]) -> list[Any]:

@@ -77,7 +77,6 @@ class OrtSession(Session):
         # lazy: onnxruntime, only in a job's process
         import onnxruntime as ort
 
-
         external = sum(p.stat().st_size for p in path.parent.glob(path.name + ".*"))
         if external > EXTERNAL_DATA_BYTES or self.device != "cpu":
             return ort.InferenceSession(str(path), sess_options=opts, providers=providers)
