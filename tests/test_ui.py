@@ -207,10 +207,12 @@ def test_the_runs_link_opens_the_classic_runs_table_with_the_figures(store, requ
     browser.save_screenshot(str(shots / ("mlflow_runs.png" if store == "server" else "mlflow_runs_local.png")))
 
 
-def test_the_sweep_link_shows_the_summary_table(sweep_links, browser, shots):
+@pytest.mark.parametrize("store", ["server", "local"])
+def test_the_sweep_link_shows_the_summary_table_and_the_plots(store, request, browser, shots):
     from selenium.webdriver.common.by import By
 
-    browser.get(sweep_links["run"])
+    links = request.getfixturevalue("sweep_links" if store == "server" else "local_links")
+    browser.get(links["run"])
     wait_for(
         browser, lambda d: "Description" in body_text(d) and "sweep_" in body_text(d), "the sweep's run did not open"
     )
@@ -236,4 +238,4 @@ def test_the_sweep_link_shows_the_summary_table(sweep_links, browser, shots):
     shown = wait_for(browser, plots_shown, "no plot shown in the run's description")
     assert any("latency.png" in i.get_attribute("src") for i in shown)
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", table)
-    browser.save_screenshot(str(shots / "mlflow_sweep_run.png"))
+    browser.save_screenshot(str(shots / ("mlflow_sweep_run.png" if store == "server" else "mlflow_sweep_run_local.png")))
