@@ -31,8 +31,8 @@ from tasks.measure.quality import QUALITY
 from tasks.model.families import FAMILIES
 from tasks.model.models import build_model, count_parameters, embedding_facts, model_dims
 from tasks.phases import phase_module
-from tasks.quality import make_quality
-from tasks.quality import measure as measure_quality
+from tasks.quality_windows import make_quality
+from tasks.quality_windows import measure as measure_quality
 from tasks.runtimes import runtime_module
 from tasks.specs import BenchResult, BenchSpec, ExportResult, ExportSpec, Failure
 from tasks.worker import forks

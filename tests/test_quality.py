@@ -1,5 +1,5 @@
 """Quality beside speed: the metrics' math, the text split, and a broken model caught through
-a real session (tasks/measure/quality.py, tasks/quality.py)."""
+a real session (tasks/measure/quality.py, tasks/quality_windows.py)."""
 
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ def test_a_float32_unquantised_variant_is_the_reference_and_measures_nothing(tmp
     """Its export stores only the mark, makes no reference model; its benchmark reports the mark."""
     from types import SimpleNamespace
 
-    from tasks import quality as _quality
+    from tasks import quality_windows as _quality
     from tasks.measure.quality import QUALITY
     from tasks.specs import QualitySpec
 

@@ -1,4 +1,4 @@
-"""What every phase's quality windows share (tasks/quality.py makes and measures them): the
+"""What every phase's quality windows share (tasks/quality_windows.py makes and measures them): the
 float32 reference's log-probabilities over a window's predicted positions."""
 
 from __future__ import annotations
