@@ -117,7 +117,11 @@ else
     if [[ ! -x "$PY" ]]; then
         BOOT=${PYTHON:-$(command -v python3.11 || command -v python3)}
         echo "== no .venv: creating one with $BOOT and installing the project (pip install -e .)"
-        "$BOOT" -m venv .venv && "$PY" -m pip install -q -e . || { echo "!! venv/install failed"; exit 1; }
+        if ! { "$BOOT" -m venv .venv && "$PY" -m pip install -q -e .; }; then
+            echo "!! venv/install failed (no package registry?): measuring with $BOOT's own packages"
+            rm -rf .venv
+            PY=$BOOT
+        fi
     fi
     # PyPI's onnxruntime has the CPU provider only: swap it for onnxruntime-gpu of the version
     # pyproject pins (both install the same module, so the CPU one goes first)
@@ -202,6 +206,19 @@ PYEOF
         echo "!! no dtype can be exported on this CPU within the budget (set SKIP_PREFLIGHT=1 to try anyway)"
         exit 1
     fi
+fi
+
+# -- without the orchestrator's packages: the measuring layer alone ------------------------
+# A machine with no package registry (a lent GPU machine) may hold torch but not Ray, MLflow or
+# Hydra: then the same variants run through tasks/ directly (scripts/gpu_check_tasks.py).
+if ! "$PY" -c "import ray, mlflow, hydra" 2>/dev/null; then
+    LEFT=$((BUDGET - SECONDS - 20))
+    echo "!! $PY lacks ray/mlflow/hydra: tasks-only check (no sweep, no MLflow), $LEFT s left for it"
+    "$PY" scripts/gpu_check_tasks.py --out "$OUT_DIR" --work "$WORK/tasks" --dtypes "$DTYPES" \
+        --prompt-len "$PROMPT_LEN" --context-len "$CONTEXT_LEN" --deadline-s "$LEFT"
+    rc=$?
+    echo "== done in ${SECONDS}s (exit $rc); $OUT_DIR: $(ls "$OUT_DIR" | tr '\n' ' ')"
+    exit $rc
 fi
 
 # -- the sweep -----------------------------------------------------------------------------
