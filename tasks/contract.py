@@ -20,6 +20,9 @@ What each declares, in one place, with a default on the base:
                 {device: str}); a format makes them, a runtime runs them
   REFUSALS      single model choices it cannot handle (Refusal: model.kv_cache=update_cache, ...)
   limits(point) anything else it cannot do (a combination of choices): why, or None
+  fixed_depth(point)  why its artifact or session serves one cache depth only (decode's
+                phase.depths is then planned as one export per depth), or None: one export
+                serves every depth its cache's capacity holds
 
 `refuses(point)` asks all of these in that order and answers the first reason, or None; the
 planner asks it of a point's runtime, then of its format, and skips the point with that reason.
@@ -119,6 +122,12 @@ class Part:
 
     def limits(self, point: Point) -> str | None:
         """Its own limits beyond the tables above (a combination of choices), or None."""
+        return None
+
+    def fixed_depth(self, point: Point) -> str | None:
+        """Why one export (or one session) of this point measures a single cache depth, so that
+        phase.depths is planned as one variant and export per depth; None (every format and runtime
+        here): the graph takes the cache position, and the cache's length where it grows, as inputs."""
         return None
 
     def _missing(self, point: Point) -> str | None:

@@ -15,17 +15,20 @@ import socket
 import tempfile
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tasks.depth_series import measure_series
 from tasks.export import describe, format_module
+from tasks.measure.bandwidth import machine_bandwidth
 from tasks.measure.bench import bench_metrics, measure, wall_clock
 from tasks.measure.environment import fingerprint, peak_bandwidth_gbs
 from tasks.measure.machine import benchmark_cores, core_list, peak_rss_mb, reset_peak_rss, watch
-from tasks.measure.parity import quantized, tolerance
+from tasks.measure.parity import failure_text, quantized, tolerance
 from tasks.measure.profiles import CALLS
 from tasks.measure.quality import QUALITY
 from tasks.model.families import FAMILIES
@@ -43,6 +46,7 @@ from tasks.worker.entries import (
     clean_dead_temporaries,
     load_export,
     result_from_meta,
+    save_series,
     share_files,
     verify_entry,
     write_manifest,
@@ -115,6 +119,7 @@ def _export_into(spec: ExportSpec, tmp: Path) -> dict[str, Any]:
     export_seconds = time.perf_counter() - t0
     np.savez(tmp / INPUTS, **data.feeds)
     np.savez(tmp / PARITY, **data.parity)
+    save_series(tmp, data.series)
     if quality is not None:
         np.savez(tmp / QUALITY, **quality)
     artifact_bytes = sum(p.stat().st_size for p in tmp.glob(f"{artifact}*")) if artifact else 0
@@ -209,6 +214,10 @@ def bench_job(spec: BenchSpec) -> BenchResult:
             return result
         stage = "benchmark"
         _benchmark(spec, phase, session, call, cores, meta, feeds, result)
+        if phase.series(spec.phase):  # after the headline call: each other step of its series (decode's depths)
+            measure_series(spec, phase, session, result, phase_extras(spec, phase, meta, result, cores))
+            if result.failure is not None:
+                return result
         if spec.bench.profile:  # after every timed call: the profiler never touches the numbers above
             stage = "profile"
 
@@ -266,20 +275,33 @@ def _parity(spec: BenchSpec, phase: Any, session: Any, feeds: dict, parity_data:
     if (recompiles := session.recompiles()) is not None:  # torch.compile
         result.metrics["compile_recompiles"] = float(recompiles)
     if not par["passed"]:
-        result.failure = Failure("parity", _parity_failure(par, spec.model.quant))
+        result.failure = Failure("parity", failure_text(par, spec.model.quant))
     return par["passed"]
 
 
-def _parity_failure(par: dict[str, Any], quant: str) -> str:
-    worst = int(np.argmax(par["per_step_max_abs_diff"]))
-    why = (
-        f"relative error {max(par['max_rel_error'], par.get('cache_max_rel_error', 0)):.3g} against the float "
-        f"reference exceeds {par['rel_error_bound']:g} for model.quant={quant}"
-        if "rel_error_bound" in par
-        else f"logits differ from eager by {par['max_abs_diff']:.3g} (atol {par['atol']:g}), top-1 within "
-        f"tolerance {par['top1_within_tolerance']:.0%}"
-    )
-    return f"{why} (worst at step {worst + 1} of {par['steps']})"
+def phase_extras(
+    spec: BenchSpec, phase: Any, meta: dict, result: BenchResult, cores: list[int]
+) -> Callable[[dict[str, np.ndarray], float], dict[str, float]]:
+    """`extras(feeds, median_ms)`: the phase's own metrics of a call on `feeds` timed at that median.
+    The device's peak bandwidth on a GPU; on a CPU the machine's own (tasks/measure/bandwidth.py),
+    probed with the benchmark's threads the first time a phase asks for it on this machine."""
+    peak = spec.peak_bandwidth_gbs or peak_bandwidth_gbs(result.env.get("gpu_name", ""))
+    threads = spec.bench.threads or len(cores) or 1
+    roofline = cache(lambda: machine_bandwidth(Path(spec.export_dir).parent, threads)) if spec.device == "cpu" else None
+
+    def extras(feeds: dict[str, np.ndarray], median_ms: float) -> dict[str, float]:
+        return phase.extra_metrics(
+            phase=spec.phase,
+            model_dtype=spec.model.dtype,
+            details=meta["details"],
+            anatomy=meta.get("anatomy"),
+            feeds=feeds,
+            median_ms=median_ms,
+            peak_gbs=peak if spec.device == "cuda" else None,
+            bandwidth=roofline,
+        )
+
+    return extras
 
 
 def _benchmark(
@@ -306,17 +328,7 @@ def _benchmark(
         peak_rss_mb=peak_rss_mb() if reset else result.metrics["peak_rss_load_mb"],  # while timing
         **session.device_metrics(),
     )
-    peak = spec.peak_bandwidth_gbs or peak_bandwidth_gbs(result.env.get("gpu_name", ""))
-    result.metrics.update(
-        phase.extra_metrics(
-            phase=spec.phase,
-            model_dtype=spec.model.dtype,
-            details=meta["details"],
-            anatomy=meta.get("anatomy"),
-            feeds=feeds,
-            median_ms=stats["latency_ms_median"],
-            peak_gbs=peak if spec.device == "cuda" else None,
-        )
-    )
+    result.metrics["tokens_per_s_per_sequence"] = result.metrics["tokens_per_s"] / spec.phase.batch
+    result.metrics.update(phase_extras(spec, phase, meta, result, cores)(feeds, stats["latency_ms_median"]))
     result.samples_ns = m.samples_ns
     result.first_call_ns = int(result.metrics["first_call_ms"] * 1e6)

@@ -127,6 +127,9 @@ class PhaseSpec:
     cache_len: int | None = None  # decode: capacity of a fixed-size KV cache
     parity_steps: int = 8  # decode: consecutive steps checked against eager
     seed: int = 0  # seed of the generated token ids
+    # decode: cache depths measured from the one export besides context_len (tasks/phases/decode.py
+    # series); normalised to the sorted depths with context_len among them
+    depths: tuple[int, ...] | None = None
     # captured (tasks/phases/captured.py): the application and, once it ran, the call kept
     app: str | None = None  # "package.module:function", called with the model phasesweep built
     capture: CaptureOptions | None = field(default_factory=CaptureOptions)  # before the capture: which calls become variants
@@ -247,4 +250,6 @@ class BenchResult:
     first_call_ns: int = 0
     env: dict[str, str] = field(default_factory=dict)  # where it ran: CPU, GPU, library versions
     profile: list[dict[str, Any]] = field(default_factory=list)  # bench.profile: tasks.measure.profiles.top_ops rows
+    # figures measured along a series (decode's phase.depths): metric -> [(step, value)], recorded as MLflow step metrics
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     failure: Failure | None = None

@@ -31,6 +31,7 @@ class Outcome:
     axes: dict[str, str] = field(default_factory=dict)  # model, phase, backend, device
     shapes: dict[str, list[int]] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # metric -> (step, value): decode's depths
     stage: str | None = None
     error: str | None = None
     unstable: bool = False

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from orchestrator.plan.capture import Captures
 from orchestrator.plan.config import SweepPoint
+from orchestrator.plan.depths import per_depth
 from orchestrator.plan.grid import GridRules
 from orchestrator.plan.naming import name_variants
 from orchestrator.plan.pairs import pair_variants
@@ -181,7 +182,8 @@ def _sort_points(
     for idx, point in enumerate(points):
         base = Variant.from_point(point, tuple(overrides[idx]), memo)
         kept = captures.phases(point) if captures else None
-        for v in (base,) if kept is None else [replace(base, phase=phase) for phase in kept]:
+        variants = per_depth(point, base) if kept is None else [replace(base, phase=phase) for phase in kept]
+        for v in variants:
             key = (v.bench, v.device.name)
             if key not in threads:  # bench.threads null: every core of a bench node
                 threads[key] = replace(v.bench, threads=bench_threads(capacity, v.device.name, v.bench.threads))

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.common.outcome import Outcome
+from orchestrator.read.curve_plots import batch_plot, depth_plot
+from orchestrator.read.curves import BATCH
 from orchestrator.read.draw import (
     CI_HIGH,
     CI_LOW,
@@ -31,7 +33,9 @@ CONTEXT = "plots/context_length.png"
 SPEEDUP = "plots/speedup_vs_eager.png"
 MEMORY = "plots/latency_vs_memory.png"
 QUALITY = "plots/speed_vs_quality.png"
-PLOT_PARAMS = (CONTEXT_LEN,)
+DEPTH = "plots/latency_vs_depth.png"
+BATCH_PLOT = "plots/throughput_vs_batch.png"
+PLOT_PARAMS = (CONTEXT_LEN, BATCH)
 
 
 def plot_rows(outcomes: list[Outcome], params: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -45,6 +49,7 @@ def plot_rows(outcomes: list[Outcome], params: dict[str, dict[str, Any]] | None 
             "unstable": o.unstable,
             "params": {k: str(v) for k, v in params.get(o.name, {}).items() if k in PLOT_PARAMS},
             "metrics": dict(o.metrics),
+            "series": dict(o.series),
         }
         for o in outcomes
     ]
@@ -63,7 +68,8 @@ def make_plots(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     written = []
     drawn = ((LATENCY, latency_plot), (CONTEXT, context_plot), (SPEEDUP, speedup_plot), (MEMORY, memory_plot))
-    for rel, draw in (*drawn, (QUALITY, quality_plot)):
+    curves = ((DEPTH, depth_plot), (BATCH_PLOT, batch_plot))
+    for rel, draw in (*drawn, (QUALITY, quality_plot), *curves):
         path = out_dir / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         if draw(ok, path):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.common.console import table
+from orchestrator.read.curves import curves_text
 from orchestrator.read.plots import make_plots, plot_rows
 from orchestrator.read.store import find_sweep, load_sweep, open_store
 from orchestrator.read.summary import markdown_table, summary_rows
@@ -46,6 +47,8 @@ def report(uri: str | None, ref: str, fmt: str = "markdown", out: Path | None = 
     lines = [f"# phasesweep report: {parent.info.run_name}", "", f"- sweep run: `{parent.info.run_id}`"]
     lines += [f"- command: `{command}`"] if command else []
     lines += ["", markdown_table(rows), ""]
+    if curves := curves_text(outcomes, params):  # depth series, batch sweeps and their knees
+        lines += ["```", curves, "```", ""]
     lines += [f"![{p.stem}]({base.name}/{p.relative_to(base).as_posix()})" for p in plots]
     return "\n".join(lines) + "\n"
 

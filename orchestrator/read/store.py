@@ -124,4 +124,15 @@ def load_sweep(client: Any, parent: Any) -> tuple[list[Outcome], dict[str, dict[
     """A sweep's outcomes, in its summary's order, and each variant's params."""
     found = variant_runs(client, parent)
     outcomes = [outcome_of_run(run, name, reused) for name, run, reused in found]
+    for o, (_, run, _) in zip(outcomes, found, strict=True):
+        o.series = run_series(client, run)
     return outcomes, {name: dict(run.data.params) for name, run, _ in found}
+
+
+SERIES_PREFIX = "depth_"  # tasks/depth_series.py PREFIX: a run's step metrics
+
+
+def run_series(client: Any, run: Any) -> dict[str, list[tuple[int, float]]]:
+    """A run's series (step metrics whose names start with SERIES_PREFIX): metric -> (step, value)."""
+    keys = [k for k in run.data.metrics if k.startswith(SERIES_PREFIX)]
+    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)) for k in keys}

@@ -70,6 +70,15 @@ def quality_text(m: dict[str, float]) -> str:
     return f"{ppl}kl {m['quality_kl']:.1e}, top1 {m['quality_top1']:.0%}"
 
 
+def bandwidth_text(m: dict[str, float]) -> str:
+    """A decode call's achieved memory bandwidth as a share of the roofline (the machine's own read
+    bandwidth, or a GPU's peak): "23% of 46 GB/s"."""
+    if "bandwidth_share" not in m:
+        return "-"
+    roof = m.get("peak_bandwidth_gbs") or m.get("machine_read_bandwidth_gbs")
+    return f"{m['bandwidth_share']:.0%}" + (f" of {roof:.0f} GB/s" if roof else "")
+
+
 def summary_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
     rows = [
         {
@@ -80,10 +89,14 @@ def summary_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
             "tokens_per_s": _fmt(o.metrics.get("tokens_per_s"), ",.0f"),
             "parity_max_diff": parity_text(o.metrics),
             "quality": quality_text(o.metrics),
+            "bw_share": bandwidth_text(o.metrics),
             "status": status_text(o),
         }
         for o in outcomes
     ]
+    if all(r["bw_share"] == "-" for r in rows):  # decode variants only
+        for r in rows:
+            del r["bw_share"]
     if all(r["quality"] in ("-", REFERENCE) for r in rows):  # a column only when some variant measured it
         for r in rows:
             del r["quality"]

@@ -80,7 +80,7 @@ def apply(client: Any, op: str, args: list[Any]) -> None:
         run_id, m, p, t = args
         client.log_batch(
             run_id,
-            metrics=[Metric(k, v, ts, 0) for k, v, ts in m],
+            metrics=[Metric(k, v, ts, step[0] if step else 0) for k, v, ts, *step in m],  # a series' point: its step
             params=[Param(k, v) for k, v in p],
             tags=[RunTag(k, v) for k, v in t],
         )
@@ -223,11 +223,14 @@ class Tracker:
         metrics: dict[str, float] | None = None,
         params: dict[str, Any] | None = None,
         tags: dict[str, Any] | None = None,
+        series: dict[str, list[tuple[int, float]]] | None = None,
     ) -> None:
-        """Everything in as few calls as MLflow's batch limits allow."""
+        """Everything in as few calls as MLflow's batch limits allow; `series`: metric -> its
+        (step, value) points, logged as MLflow step metrics (the UI draws them against the step)."""
 
         now = int(time.time() * 1000)
-        m = [(k, float(v), now) for k, v in (metrics or {}).items() if v is not None]
+        m: list[tuple] = [(k, float(v), now) for k, v in (metrics or {}).items() if v is not None]
+        m += [(k, float(v), now, int(step)) for k, points in (series or {}).items() for step, v in points]
         p = [(k, str(v)[:MAX_TAG]) for k, v in (params or {}).items()]
         t = [(k, str(v)[:MAX_TAG]) for k, v in (tags or {}).items()]
         while m or p or t:

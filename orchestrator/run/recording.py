@@ -15,6 +15,7 @@ from orchestrator.common.console import table
 from orchestrator.common.outcome import Outcome
 from orchestrator.plan.planner import Plan
 from orchestrator.plan.variant import Variant
+from orchestrator.read.curves import curves_text
 from orchestrator.read.plots import make_plots, plot_rows, profile_plot
 from orchestrator.read.stats import compare_paired
 from orchestrator.read.summary import sweep_note
@@ -81,7 +82,7 @@ def log_model(
 def log_bench(tracker: Tracker, name: str, run_id: str, result: BenchResult) -> None:
     """A variant's pooled benchmark: figures, parity, every latency sample."""
     params, tags = {f"runtime.{k}": v for k, v in result.params.items()}, {f"env.{k}": v for k, v in result.env.items()}
-    tracker.log(run_id, metrics=result.metrics, params=params, tags=tags)
+    tracker.log(run_id, metrics=result.metrics, params=params, tags=tags, series=result.series)
     if result.parity:
         tracker.log_dict(run_id, result.parity, "parity.json")
     if result.samples_ns:
@@ -140,10 +141,12 @@ def log_summary(
                 "\n\nCaptured phases: each benchmark's median beside the application's own loop at that call "
                 "(its eager forward there; the time from one token to the next)\n" + table(beside)
             )
-    tracker.log_text(parent, text + "\n", "summary.txt")
-    tracker.log_dict(parent, rows, "summary.json")
     params = {pv.name: pv.variant.params for pv in plan.variants}
     params.update({s.name: s.variant.params for s in plan.skipped})
+    if curves := curves_text(list(outcomes.values()), params):  # depth series, batch sweeps and their knees
+        text += "\n\n" + curves
+    tracker.log_text(parent, text + "\n", "summary.txt")
+    tracker.log_dict(parent, rows, "summary.json")
     out_dir.mkdir(parents=True, exist_ok=True)
     drawn = make_plots(plot_rows(list(outcomes.values()), params), out_dir) if plots else []
     for plot in drawn:  # latency.png at the root

@@ -18,6 +18,7 @@ from orchestrator.common.outcome import Outcome, Status
 from orchestrator.common.signals import deferred
 from orchestrator.plan.planner import Plan
 from orchestrator.plan.variant import Variant
+from orchestrator.read.store import run_series
 from orchestrator.read.summary import parity_value, summary_rows
 from orchestrator.record.links import ui_command, ui_lines
 from orchestrator.record.tracking import Tracker
@@ -102,6 +103,8 @@ class SweepRun:
     def reuse(self, name: str, v: Variant, run: Any) -> None:
         o = Outcome(name, Status.OK, run.info.run_id, axes(v), reused_from=run.info.run_id)
         o.metrics = dict(run.data.metrics)
+        if client := getattr(self.tracker, "client", None):  # MLflow's own; a test's tracker has none
+            o.series = run_series(client, run)  # its depth series, for the plots
         o.shapes = {k.removeprefix("shape."): json.loads(p) for k, p in run.data.params.items() if k.startswith("shape.")}
         o.unstable = run.data.tags.get("unstable") == "True"
         self.outcomes[name] = o
@@ -259,6 +262,7 @@ class SweepRun:
     def record_bench(self, name: str, result: BenchResult) -> None:
         o = self.outcomes[name]
         o.metrics.update(result.metrics)
+        o.series = result.series
         o.unstable = bool(result.metrics.get("unstable", 0.0))
         recording.log_bench(self.tracker, name, o.run_id, result)
         if result.profile:

@@ -197,7 +197,9 @@ def bench_metrics(m: Measurement, opts: BenchOptions) -> dict[str, float]:
 
 
 # metrics that follow from the pooled median rather than from any one process
-_PER_MEDIAN = ("tokens_per_s", "achieved_bandwidth_gbs", "bandwidth_fraction_of_peak")
+_PER_MEDIAN = (
+    "tokens_per_s", "tokens_per_s_per_sequence", "achieved_bandwidth_gbs", "bandwidth_fraction_of_peak", "bandwidth_share",
+)  # fmt: skip
 _WORST = ("shared_cores", "other_cpu_fraction", "hit_time_cap", "compile_recompiles", "parity_cache_max_abs_diff")
 
 
@@ -247,4 +249,15 @@ def pool_repeats(results: list[BenchResult], opts: BenchOptions) -> BenchResult:
         first_call_ns=first.first_call_ns,
         env=first.env,
         profile=first.profile,  # one process's profile: where time goes, not how long
+        series=pool_series([r.series for r in results]),
     )
+
+
+def pool_series(each: list[dict[str, list[tuple[int, float]]]]) -> dict[str, list[tuple[int, float]]]:
+    """Several processes' series as one: at each step, the median of the processes' values."""
+    steps: dict[str, dict[int, list[float]]] = {}
+    for series in each:
+        for key, points in series.items():
+            for step, value in points:
+                steps.setdefault(key, {}).setdefault(step, []).append(value)
+    return {k: [(s, float(np.median(v))) for s, v in sorted(by.items())] for k, by in steps.items()}

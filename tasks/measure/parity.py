@@ -76,3 +76,16 @@ def quantized(report: dict[str, Any], quant: str) -> dict[str, Any]:
     bound = QUANT_REL_ERROR[quant]
     worst = max(report["max_rel_error"], report.get("cache_max_rel_error", 0.0))
     return {**report, "rel_error_bound": bound, "passed": bool(worst <= bound)}
+
+
+def failure_text(par: dict[str, Any], quant: str) -> str:
+    """Why a parity report failed, in one line: its worst error against its bound, and the step."""
+    worst = int(np.argmax(par["per_step_max_abs_diff"]))
+    why = (
+        f"relative error {max(par['max_rel_error'], par.get('cache_max_rel_error', 0)):.3g} against the float "
+        f"reference exceeds {par['rel_error_bound']:g} for model.quant={quant}"
+        if "rel_error_bound" in par
+        else f"logits differ from eager by {par['max_abs_diff']:.3g} (atol {par['atol']:g}), top-1 within "
+        f"tolerance {par['top1_within_tolerance']:.0%}"
+    )
+    return f"{why} (worst at step {worst + 1} of {par['steps']})"

@@ -8,8 +8,11 @@ without torch (the driver calls its torch-free half) and provides:
   check(phase, dims) -> None                  every check the config and the model's
                                               dimensions decide (raises ConfigError)
   tokens_per_call(phase) -> int               tokens per sequence one timed call processes
+  series(phase) -> tuple[int, ...]            steps of a series measured after the headline call
+                                              from the same export (decode: phase.depths), or ()
   io_names(phase, layers, kv_cache) -> (inputs, outputs)   graph input/output names, in call order
-  make_data(model, phase, kv_cache, dims) -> PhaseData   inputs and eager reference (torch)
+  make_data(model, phase, kv_cache, dims) -> PhaseData   inputs and eager reference (torch), and
+                                              each series step's in PhaseData.series
   build_graph(model, phase, family, kv_cache, attention) -> nn.Module   the graph to export (torch)
   check_parity(session, phase, feeds, parity, atol) -> dict   exported vs reference
   extra_metrics(phase=..., **timing) -> dict   phase-specific metrics after timing

@@ -23,6 +23,7 @@ class PhaseData:
     parity: dict[str, np.ndarray]  # reference outputs (and step tokens) the parity check reads
     dims: dict[str, int]
     dtypes: dict[str, str] = field(default_factory=dict)  # inputs whose numpy form is not their dtype (bfloat16)
+    series: dict[int, PhaseData] = field(default_factory=dict)  # step -> the data of another call of the series (decode's depths)
 
     def example_args(self) -> tuple[torch.Tensor, ...]:
         return tuple(to_torch(a, self.dtypes.get(n)) for n, a in self.feeds.items() if n != CONTEXT)

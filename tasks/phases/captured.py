@@ -65,7 +65,7 @@ def normalize(phase: PhaseSpec, kv_cache: str) -> PhaseSpec:
         )
     if phase.kind is None:
         return replace(
-            phase, prompt_len=None, context_len=None, cache_len=None, seed=0, capture=phase.capture or CaptureOptions()
+            phase, prompt_len=None, context_len=None, cache_len=None, depths=None, seed=0, capture=phase.capture or CaptureOptions()
         )
     return replace(_kind(phase).normalize(_as_kind(phase), kv_cache), app=phase.app, capture=None, seed=0)
 
@@ -87,6 +87,11 @@ def check(phase: PhaseSpec, dims: dict[str, int] | None = None) -> None:
     _kind(phase).check(_as_kind(phase), dims)
     if not phase.inputs:
         raise ConfigError(f"phase.inputs is missing: a captured {phase.kind} call replays the inputs it recorded")
+
+
+def series(phase: PhaseSpec) -> tuple[int, ...]:
+    """A captured call is measured as the application made it: no series."""
+    return ()
 
 
 def tokens_per_call(phase: PhaseSpec) -> int:

@@ -16,6 +16,7 @@ own cache before the first call; a step repeated at the same position is idempot
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -41,16 +42,47 @@ from tasks.specs import (
 if TYPE_CHECKING:
     import torch
 
+# a backend that fixes the depth (tasks/contract.py fixed_depth) measures phase.depths as one variant per
+# depth: they differ by context_len alone, and are named by it (_ctx512)
+NAMING_KEYS = ("phase.context_len",)
 HEADROOM = 8  # default static-cache slots past the context: room for this many new tokens
 
 
 def capacity(phase: PhaseSpec) -> int:
-    """Slots of a static cache: cache_len, or the context plus HEADROOM."""
-    return phase.cache_len or phase.context_len + HEADROOM
+    """Slots of a static cache: cache_len, or the deepest context plus HEADROOM."""
+    return phase.cache_len or deepest(phase) + HEADROOM
+
+
+def deepest(phase: PhaseSpec) -> int:
+    """The most positions any measured call finds cached: context_len, or the deepest of phase.depths."""
+    return max(phase.depths or (phase.context_len,))
+
+
+def series(phase: PhaseSpec) -> tuple[int, ...]:
+    """The depths measured from the one export besides the headline call's context_len: phase.depths.
+    The export stores each one's data (at_depth), the benchmark times each after the headline."""
+    return tuple(d for d in phase.depths or () if d != phase.context_len)
+
+
+def at_depth(phase: PhaseSpec, depth: int) -> PhaseSpec:
+    """The phase as a call at `depth` sees it: that context, the same capacity, seed and steps, so the
+    data at a depth is what a variant with context_len=depth makes (bar a static cache's capacity)."""
+    return replace(phase, context_len=depth)
 
 
 def normalize(phase: PhaseSpec, kv_cache: str) -> PhaseSpec:
-    """Decode uses batch, context, cache and steps; a dynamic cache has no fixed capacity."""
+    """Decode uses batch, context, cache and steps; a dynamic cache has no fixed capacity.
+    phase.depths becomes the sorted distinct depths, context_len among them."""
+    depths = phase.depths
+    if depths is not None:
+        bad = [d for d in depths if not isinstance(d, int) or isinstance(d, bool) or d < 1]
+        if bad or not depths:
+            raise ConfigError(
+                f"phase.depths={list(depths)!r} is not allowed; choose a list of positive cache depths, "
+                "e.g. [128,512,1024] (or null: context_len only)"
+            )
+        depths = tuple(sorted({*depths, *([phase.context_len] if phase.context_len else [])}))
+    phase = replace(phase, depths=depths)
     fixed = kv_cache == "static" or kv_cache in IN_GRAPH_KV_CACHES
     cache_len = capacity(phase) if fixed and phase.context_len else None
     return replace(phase, prompt_len=None, cache_len=cache_len, capture=None)
@@ -62,15 +94,17 @@ def check(phase: PhaseSpec, dims: dict[str, int] | None = None) -> None:
     at_least("phase.context_len", phase.context_len, 1)
     at_least("phase.parity_steps", phase.parity_steps, 1)
     at_least("phase.cache_len", phase.cache_len, 1, optional=True)
-    need = phase.context_len + phase.parity_steps
+    need = deepest(phase) + phase.parity_steps
     if phase.cache_len is not None and phase.cache_len < need:
-        default = "" if phase.cache_len != phase.context_len + HEADROOM else " (the default: context_len + 8)"
+        deep = "the deepest of phase.depths" if phase.depths else "context_len"
+        default = "" if phase.cache_len != deepest(phase) + HEADROOM else f" (the default: {deep} + 8)"
+        held = f"phase.depths' deepest={deepest(phase)}" if phase.depths else f"context_len={phase.context_len}"
         raise ConfigError(
-            f"phase.cache_len={phase.cache_len}{default} cannot hold context_len={phase.context_len} "
+            f"phase.cache_len={phase.cache_len}{default} cannot hold {held} "
             f"+ parity_steps={phase.parity_steps} = {need} positions; raise phase.cache_len or lower phase.parity_steps"
         )
     if dims:
-        check_span("phase.context_len + phase.parity_steps", need, dims)
+        check_span("phase.context_len + phase.parity_steps" if not phase.depths else "phase.depths + phase.parity_steps", need, dims)
         if phase.cache_len is not None:
             check_span("phase.cache_len", phase.cache_len, dims)
 
@@ -86,6 +120,13 @@ def io_names(phase: PhaseSpec, layers: int, kv_cache: str = "static") -> tuple[l
 
 
 def make_data(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dict[str, int]) -> PhaseData:
+    """The headline call's data (at context_len), and with phase.depths each other depth's (series)."""
+    data = _data_at(model, phase, kv_cache, dims)
+    data.series = {d: _data_at(model, at_depth(phase, d), kv_cache, dims) for d in series(phase)}
+    return data
+
+
+def _data_at(model: torch.nn.Module, phase: PhaseSpec, kv_cache: str, dims: dict[str, int]) -> PhaseData:
     """The cache after a seeded context of context_len tokens, filled by the reference
     transformers model and laid out [B, H_kv, S, D]; the first step's token; and the
     reference logits of parity_steps consecutive steps decoding seeded tokens."""
@@ -232,6 +273,7 @@ def extra_metrics(
     peak_gbs: float | None,
     phase: PhaseSpec | None = None,
     anatomy: dict[str, Any] | None = None,
+    bandwidth: Callable[[], dict[str, float]] | None = None,
 ) -> dict[str, float]:
     """Bytes one decode step moves, per second of median latency (and its fraction of the
     device's peak, if known). Counted as the graph is exported:
@@ -246,6 +288,9 @@ def extra_metrics(
       whole cache again: 3x the cache's bytes. A runtime that elides that copy moves less.
       An in-graph cache (llama::custom_sdpa) reads only the context_len + 1 filled slots of
       each layer's keys and values, and update_cache writes the one new slot in place.
+
+    `bandwidth_share`: that achieved bandwidth as a share of the roofline: the device's peak on a
+    GPU (peak_gbs), else the machine's own read bandwidth (`bandwidth()`, tasks/measure/bandwidth.py).
     """
     element = DTYPE_BYTES[model_dtype]
     batch = feeds["input_ids"].shape[0]
@@ -268,5 +313,12 @@ def extra_metrics(
         "achieved_bandwidth_gbs": achieved,
     }
     if peak_gbs:
-        out.update(peak_bandwidth_gbs=peak_gbs, bandwidth_fraction_of_peak=achieved / peak_gbs)
+        out.update(peak_bandwidth_gbs=peak_gbs, bandwidth_fraction_of_peak=achieved / peak_gbs, bandwidth_share=achieved / peak_gbs)
+    elif bandwidth is not None:
+        machine = bandwidth()
+        out.update(
+            machine_read_bandwidth_gbs=machine["read_gbs"],
+            machine_copy_bandwidth_gbs=machine["copy_gbs"],
+            bandwidth_share=achieved / machine["read_gbs"],
+        )
     return out

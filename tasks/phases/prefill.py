@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 def normalize(phase: PhaseSpec, kv_cache: str) -> PhaseSpec:
     """Prefill uses batch and prompt_len; the cache and step fields are decode's."""
-    return replace(phase, context_len=None, cache_len=None, parity_steps=1, capture=None)
+    return replace(phase, context_len=None, cache_len=None, depths=None, parity_steps=1, capture=None)
 
 
 def check(phase: PhaseSpec, dims: dict[str, int] | None = None) -> None:
@@ -35,6 +35,11 @@ def check(phase: PhaseSpec, dims: dict[str, int] | None = None) -> None:
     at_least("phase.prompt_len", phase.prompt_len, 1)
     if dims:
         check_span("phase.prompt_len", phase.prompt_len, dims)
+
+
+def series(phase: PhaseSpec) -> tuple[int, ...]:
+    """Prefill measures its one prompt: no series."""
+    return ()
 
 
 def tokens_per_call(phase: PhaseSpec) -> int:

@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +21,7 @@ MANIFEST = "manifest.json"
 CHECKSUM_BYTES = 1 << 30  # larger files (external weights) are verified by size only
 INPUTS = "inputs.npz"  # the timed call's feeds, by graph input name
 PARITY = "parity.npz"  # step tokens and reference logits
+SERIES = "series_{}.npz"  # a series step's (decode: a cache depth's) feeds and parity data, keys feed/* and parity/*
 
 
 def _digest(path: Path) -> str:
@@ -132,3 +134,18 @@ def load_export(export_dir: str | Path) -> tuple[dict, dict[str, np.ndarray], di
     with np.load(export_dir / PARITY) as z:
         parity = {name: z[name] for name in z.files}
     return meta, feeds, parity
+
+
+def save_series(entry: Path, series: dict[int, Any]) -> None:
+    """Each series step's data (a PhaseData) as SERIES beside the headline's INPUTS and PARITY."""
+    for step, data in series.items():
+        arrays = {f"feed/{n}": a for n, a in data.feeds.items()} | {f"parity/{n}": a for n, a in data.parity.items()}
+        np.savez(entry / SERIES.format(step), **arrays)
+
+
+def load_series(export_dir: str | Path, step: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A series step's (feeds in the file's order, parity data), as save_series wrote them."""
+    with np.load(Path(export_dir) / SERIES.format(step)) as z:
+        feeds = {n.removeprefix("feed/"): z[n] for n in z.files if n.startswith("feed/")}
+        parity = {n.removeprefix("parity/"): z[n] for n in z.files if n.startswith("parity/")}
+    return feeds, parity
