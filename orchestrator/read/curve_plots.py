@@ -51,11 +51,11 @@ def depth_plot(rows: list[dict[str, Any]], path: Path) -> bool:
         if spans_decade(values):
             log_axis(ax.yaxis, values)
         ax.set_ylim(bottom=0 if not spans_decade(values) else None)
-        ax.set_title(f"{model} · decode latency by cache depth (one export each)", fontsize=10, loc="left")
+        ax.set_title(f"{model} · decode latency by cache depth (each line: one variant, one export)", fontsize=10, loc="left")
         ax.set_xlabel("positions in the cache (depth)", fontsize=9)
         ax.set_ylabel("median latency per step, ms", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     fig.tight_layout()
     return save(fig, path)
 
@@ -104,7 +104,7 @@ def batch_plot(rows: list[dict[str, Any]], path: Path) -> bool:
         ax.set_xlabel("batch (sequences per call)", fontsize=9)
         ax.set_ylabel("aggregate tokens/s", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     fig.text(0.01, 0.0, KNEE_RULE, fontsize=7, color="0.35")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     return save(fig, path)
