@@ -16,6 +16,7 @@ from omegaconf import open_dict
 
 from orchestrator.plan.config import ConfigError, validate
 from tasks.export import format_module
+from tasks.registry import available
 from tasks.runtimes import runtime_module
 from tests.conftest import CONF, ROOT, backend_yaml
 
@@ -147,6 +148,8 @@ def test_fast_help_leaves_to_hydra_what_it_does_not_fill(tmp_path):
 
 # -- typed backend options: each module's Options is the schema ---------------------------
 
+RUNTIMES = ", ".join(available("tasks.runtimes"))  # every runtime module in this checkout, as the error lists them
+
 
 @pytest.mark.parametrize(
     "overrides,expected",
@@ -177,7 +180,7 @@ def test_fast_help_leaves_to_hydra_what_it_does_not_fill(tmp_path):
         ),
         (
             ["backend.runtime=nope"],
-            "backend.runtime='nope' is not allowed; choose one of: compile, eager, executorch, onnxruntime",
+            f"backend.runtime='nope' is not allowed; choose one of: {RUNTIMES}",
         ),
         (
             ["backend.export_format=tflite"],
@@ -185,7 +188,7 @@ def test_fast_help_leaves_to_hydra_what_it_does_not_fill(tmp_path):
         ),
         (
             ["backend.runtime=json"],
-            "backend.runtime='json' is not allowed; choose one of: compile, eager, executorch, onnxruntime "
+            f"backend.runtime='json' is not allowed; choose one of: {RUNTIMES} "
             "(or an importable module path): module json defines no RUNTIME (an instance of tasks.contract.Runtime)",
         ),
     ],
