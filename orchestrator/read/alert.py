@@ -12,6 +12,7 @@ beyond 1 + min_effect with a significant p, and beyond the machine's own speed c
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from statistics import median
 from typing import Any
@@ -80,6 +81,7 @@ def baselines(client: Any, parent: Any, cands: dict[str, Any], cfg: TrackingCfg)
 def hold(client: Any, parent_id: str, cfg: TrackingCfg) -> list[dict[str, str]]:
     """Each variant the sweep `parent_id` measured, judged against its baselines: one row each
     (variant, baseline, ratio, verdict, alert: empty unless it alerts)."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # else a bar per baseline's samples
     parent = client.get_run(parent_id)
     cands = candidates(client, parent)
     found = baselines(client, parent, cands, cfg)

@@ -13,6 +13,7 @@ from orchestrator.read.history import Point, Series
 NAME = "history.png"
 MAX_TICKS = 12  # sweep labels per panel at most: beyond, every k-th
 MAX_TITLE = 90  # characters of a panel's title (the machine's line can be long)
+MIN_SPAN = 0.2  # a panel's y range: at least this fraction of its highest value
 CHANGE_STYLE = {"slower": ("^", "tab:red"), "faster": ("v", "tab:green")}
 
 
@@ -34,9 +35,10 @@ def history_plot(series: Series, path: Path, title: str) -> bool:
         plt.Line2D([], [], marker="o", color="tab:blue", ls="-", label="median, bar: its 95% interval"),
         *(plt.Line2D([], [], marker=m, color=c, ls="", ms=9, label=f"{w} than the sweep before") for w, (m, c) in CHANGE_STYLE.items()),
     ]
-    fig.legend(handles=handles, loc="upper center", ncol=3, fontsize=9, frameon=False, bbox_to_anchor=(0.5, 1.0))
-    fig.suptitle(title, fontsize=11, y=1.0 + 0.35 / (3.1 * n + 0.8))
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / (3.1 * n + 0.8)))
+    height = 3.1 * n + 0.8  # inches: the title and the legend take the top 0.8
+    fig.suptitle(title, fontsize=11, y=1 - 0.05 / height, va="top")
+    fig.legend(handles=handles, loc="upper center", ncol=3, fontsize=9, frameon=False, bbox_to_anchor=(0.5, 1 - 0.35 / height))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / height))
     path.parent.mkdir(parents=True, exist_ok=True)
     return save(fig, path)
 
@@ -52,14 +54,15 @@ def panel(ax: Any, points: list[Point]) -> None:
         if p.change in CHANGE_STYLE and p.ratio:
             marker, color = CHANGE_STYLE[p.change]
             ax.plot([x], [p.median], marker, color=color, ms=11, zorder=4)
-            ax.annotate(f"{p.ratio[0]:.2f}x", (x, p.median), xytext=(8, 0), textcoords="offset points", va="center",
+            ax.annotate(f"{p.ratio[0]:.2f}x", (x, p.median), xytext=(0, 9 if p.change == "slower" else -11),
+                        textcoords="offset points", ha="center", va="bottom" if p.change == "slower" else "top",
                         fontsize=8, color=color)  # fmt: skip
     step = max(1, math.ceil(len(points) / MAX_TICKS))
     shown = list(xs)[::step]
     ax.set_xticks(shown, [f"{points[i].when}\n{points[i].commit}" for i in shown], fontsize=8)
-    ax.set_xlim(-0.5, len(points) - 0.5 + 0.4)  # room for the last ratio's label
+    ax.set_xlim(-0.5, len(points) - 0.5)
     low = min(lows)
-    pad = (top - low) * 0.25 or top * 0.05
+    pad = max((top - low) * 0.25, top * MIN_SPAN / 2 - (top - low) / 2)  # room for the ratios' labels
     ax.set_ylim(max(0.0, low - pad), top + pad)
     ax.set_ylabel("median, ms", fontsize=9)
     ax.grid(alpha=0.3)
