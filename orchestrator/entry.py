@@ -1,5 +1,7 @@
 """The one exit path of the driver, for a single run (sweep.py) and a sweep (the launcher): one
-line, never Hydra's traceback; status 1 when a variant failed, 130 on Ctrl-C, 143 on SIGTERM."""
+line, never Hydra's traceback; status 1 when a variant failed, 3 when a variant alerted against
+tracking.baseline (slower, parity broken or lost quality: docs/regressions.md), 130 on Ctrl-C,
+143 on SIGTERM."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from orchestrator.common.signals import Terminated, installed
 from orchestrator.plan.config import ConfigError
 from orchestrator.record.journal import ServerGone
 
+ALERT_EXIT = 3  # a variant worse than its baseline (tracking.baseline): CI fails on it
+
 
 def run_or_exit(
     configs: Sequence[DictConfig],
@@ -26,7 +30,8 @@ def run_or_exit(
     grid: dict[str, Any] | None = None,
 ) -> dict[int, Outcome]:
     """orchestrator.run.sweep.run_sweep, or SystemExit: 'phasesweep: <what is wrong>' for a bad config
-    (or grid rule), 'phasesweep: N variant(s) failed: a, b' (status 1) when any variant failed.
+    (or grid rule), 'phasesweep: N variant(s) failed: a, b' (status 1) when any variant failed,
+    'phasesweep: ALERT: ...' (status ALERT_EXIT) when any variant alerted against tracking.baseline.
     `grid`: the launcher's grid control (orchestrator.launcher.grid_settings)."""
     # MLflow sets up its own loggers when imported (INFO to stderr); the driver shows their warnings only
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
@@ -44,6 +49,11 @@ def run_or_exit(
         print("phasesweep: terminated (SIGTERM); open runs closed as KILLED, finished ones kept", file=sys.stderr)
         sys.exit(143)
     failed = sorted({o.name for o in outcomes.values() if o.status == Status.FAILED})
+    alerted = sorted({o.name for o in outcomes.values() if o.alert})
+    if alerted:
+        also = f"; {len(failed)} failed: {', '.join(failed)}" if failed else ""
+        print(f"phasesweep: ALERT: {len(alerted)} variant(s) worse than tracking.baseline: {', '.join(alerted)}{also}", file=sys.stderr)
+        sys.exit(ALERT_EXIT)
     if failed:
         sys.exit(f"phasesweep: {len(failed)} variant(s) failed: {', '.join(failed)}")
     return outcomes

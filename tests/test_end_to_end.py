@@ -143,7 +143,7 @@ def check_child_tags(run, name):
     tags = run.data.tags
     assert (tags["model"], tags["phase"], tags["backend"], tags["device"]) == (model, phase, backend, device)
     assert tags["phasesweep.role"] == "variant" and tags["variant"] == name
-    assert len(tags["git_commit"]) in (40, 7) or tags["git_commit"] == "unknown"
+    assert len(tags["code.commit"]) == 40 and tags["code.dirty"] in ("True", "False")  # run from this git checkout
 
 
 def stored_model(client, run) -> str:

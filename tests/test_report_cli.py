@@ -61,7 +61,8 @@ def swept(tmp_path_factory, mlflow_db):
 
 def test_the_report_prints_the_table_the_sweep_printed(swept):
     uri, parent, text, outcomes = swept
-    assert rep.report(uri, parent, "text") == text + "\n"
+    table = rep.report(uri, parent, "text")
+    assert text.startswith(table.rstrip("\n")) and "code: " in text[len(table) :]  # then the code measured (docs/regressions.md)
     client = st.open_store(uri)
     rebuilt, _ = st.load_sweep(client, client.get_run(parent))
     assert summary.summary_rows(rebuilt) == summary.summary_rows(outcomes)

@@ -281,7 +281,7 @@ def test_record_plan_opens_a_run_per_variant_and_ends_skipped_ones(sweep, plan):
         "exports": "3",
         "bench_order_seed": "1234",
     }
-    assert {"git_commit", "host", "out_dir"} <= set(parent.tags)
+    assert {"code.commit", "code.dirty", "host", "out_dir"} <= set(parent.tags)  # the worktree is a git checkout
     kids = tracker.by_name()
     assert set(kids) == {A, B, EAGER, COMPILE, COMPILE_CUDA, SKIPPED}
     for pv in plan.variants:
@@ -299,7 +299,7 @@ def test_record_plan_opens_a_run_per_variant_and_ends_skipped_ones(sweep, plan):
         assert (
             child.tags["overrides"] == " ".join(pv.variant.overrides) and "bench.threads=1" in child.tags["overrides"]
         )
-        assert child.tags["git_commit"] == parent.tags["git_commit"]
+        assert child.tags["code.commit"] == parent.tags["code.commit"]
         assert child.params["phase.name"] == phase and child.params["bench.min_iters"] == "5"
         assert f"name: {model}" in child.files["config.yaml"] and "hydra" not in child.files["config.yaml"]
         assert run.outcomes[pv.name].status == Status.PLANNED

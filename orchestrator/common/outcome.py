@@ -37,6 +37,7 @@ class Outcome:
     unstable: bool = False
     reused_from: str | None = None  # the earlier sweep's run this variant's result comes from
     retries: list[str] = field(default_factory=list)  # why each retry happened
+    alert: str | None = None  # tracking.baseline: why it is worse than its baseline (orchestrator/read/alert.py)
 
     @property
     def ended(self) -> bool:

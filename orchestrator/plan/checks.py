@@ -76,3 +76,20 @@ def check_bench(b: BenchOptions) -> None:
                 f"bench.quality_text={b.quality_text!r} is not a file; name a UTF-8 text file, or null for the "
                 "held-out part of pydoc_data's topics"
             )
+
+
+def fraction(key: str, value: float) -> None:
+    """A fraction strictly between 0 and 1, or a ConfigError naming the key."""
+    if not 0 < value < 1:
+        raise ConfigError(f"{key}={value!r}: give a fraction between 0 and 1 (0.05: 5%)")
+
+
+def baseline_last(key: str, baseline: str | None) -> int | None:
+    """N of `last:N`; None for a named sweep run (a run's id or name: no blanks) or no baseline."""
+    if baseline is None:
+        return None
+    value = str(baseline)
+    n = value.removeprefix("last:")
+    if not value.strip() or any(c.isspace() for c in value) or (n != value and not (n.isdigit() and int(n) >= 1)):
+        raise ConfigError(f"{key}={baseline!r}: give last:N (a whole N >= 1, e.g. last:5) or a sweep run's id or name")
+    return int(n) if n != value else None

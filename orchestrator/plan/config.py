@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig
 
-from orchestrator.plan.checks import EXPERIMENT_NAME_MAX, check_bench, safe_name, typed
+from orchestrator.plan.checks import EXPERIMENT_NAME_MAX, baseline_last, check_bench, fraction, safe_name, typed
 from orchestrator.plan.convert import merged, plain_object
 from tasks.export import format_module
 from tasks.model.checkpoint import read_checkpoint
@@ -139,15 +139,23 @@ class TrackingCfg:
     resume: bool = True  # reuse variants that already ended ok with the same bench key; false: measure again
     outage_s: float = 600.0  # a tracking server away this long ends the sweep (its writes kept in a journal)
     journal_dir: str | None = None  # where writes to a server are journaled; null: .phasesweep_journal
+    baseline: str | None = None  # hold the sweep against `last:N` sweeps or a named sweep run (docs/regressions.md)
+    min_effect: float = 0.05  # the baseline's verdict: the smallest relative change that alerts
 
     def check(self) -> None:
         at_least("tracking.max_model_mb", self.max_model_mb, 0, optional=True)
         at_least("tracking.outage_s", self.outage_s, 0)
+        self.baseline_last()  # its format checked before any work
+        fraction("tracking.min_effect", self.min_effect)
         if not self.experiment or len(self.experiment) > EXPERIMENT_NAME_MAX:
             raise ConfigError(
                 f"tracking.experiment={self.experiment!r} ({len(self.experiment or '')} characters): give a name of 1 to "
                 f"{EXPERIMENT_NAME_MAX} characters (what a tracking server's database holds)"
             )
+
+    def baseline_last(self) -> int | None:
+        """N of `tracking.baseline=last:N`; None for a named sweep run or no baseline."""
+        return baseline_last("tracking.baseline", self.baseline)
 
 
 @dataclass

@@ -12,9 +12,12 @@ from typing import Any
 
 from orchestrator.common.console import table
 from orchestrator.read.curves import curves_text
+from orchestrator.read.history import change_lines, history_of, plot_title
+from orchestrator.read.history_plot import NAME, history_plot
 from orchestrator.read.plots import make_plots, plot_rows
 from orchestrator.read.store import find_sweep, load_sweep, open_store
 from orchestrator.read.summary import markdown_table, summary_rows
+from orchestrator.record.revision import revision_lines
 
 FORMATS = ("markdown", "csv", "html", "text")
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}
@@ -40,12 +43,13 @@ def report(uri: str | None, ref: str, fmt: str = "markdown", out: Path | None = 
     prows = plot_rows(outcomes, params)
     if fmt == "html":
         with tempfile.TemporaryDirectory() as tmp:
-            return _html(parent, rows, make_plots(prows, tmp))
+            return _html(parent, rows, make_plots(prows, tmp), history_section(client, parent, Path(tmp)))
     base = (out.parent if out else Path.cwd()) / f"{out.stem if out else parent.info.run_name}_plots"
     plots = make_plots(prows, base)
     command = parent.data.params.get("command")
     lines = [f"# phasesweep report: {parent.info.run_name}", "", f"- sweep run: `{parent.info.run_id}`"]
     lines += [f"- command: `{command}`"] if command else []
+    lines += [f"- {line}" for line in revision_lines(parent.data.tags)]
     lines += ["", markdown_table(rows), ""]
     if curves := curves_text(outcomes, params):  # depth series, batch sweeps and their knees
         lines += ["```", curves, "```", ""]
@@ -53,28 +57,56 @@ def report(uri: str | None, ref: str, fmt: str = "markdown", out: Path | None = 
     return "\n".join(lines) + "\n"
 
 
-def _html(parent: Any, rows: list[dict[str, Any]], plots: list[Path]) -> str:
+def figures(plots: list[Path]) -> str:
     esc = html.escape
-    cols = list(rows[0]) if rows else []
-    head = "".join(f"<th>{esc(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{esc(str(r[c]))}</td>" for c in cols) + "</tr>" for r in rows)
-    imgs = "".join(
+    return "".join(
         f'<figure><img alt="{esc(p.stem)}" src="data:image/png;base64,'
         f'{base64.b64encode(p.read_bytes()).decode()}"><figcaption>{esc(p.stem)}</figcaption></figure>'
         for p in plots
     )
-    name, command = parent.info.run_name, parent.data.params.get("command", "")
-    status = parent.data.tags.get("status", parent.info.status)
+
+
+def html_table(rows: list[dict[str, Any]]) -> str:
+    esc = html.escape
+    cols = list(rows[0]) if rows else []
+    head = "".join(f"<th>{esc(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{esc(str(r[c]))}</td>" for c in cols) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def page(title: str, intro: list[str], rows: list[dict[str, Any]], plots: list[Path], sections: str = "") -> str:
+    """A self-contained html page: title, intro lines, the table, the plots embedded, more `sections`."""
+    esc = html.escape
     return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>phasesweep report: {esc(name)}</title>
+<html><head><meta charset="utf-8"><title>phasesweep {esc(title)}</title>
 <style>{STYLE}</style>
 </head><body>
-<h1>phasesweep report: {esc(name)}</h1>
-<p>Sweep run <code>{parent.info.run_id}</code>, status {esc(status)}<br>
-Command: <code>{esc(command)}</code></p>
+<h1>phasesweep {esc(title)}</h1>
+<p>{"<br>".join(esc(line) for line in intro)}</p>
 <h2>Summary</h2>
-<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
+{html_table(rows)}
 <h2>Plots</h2>
-{imgs or "<p>(nothing measured)</p>"}
+{figures(plots) or "<p>(nothing measured)</p>"}
+{sections}
 </body></html>
 """
+
+
+def history_section(client: Any, parent: Any, folder: Path) -> str:
+    """The History section of a sweep's html report: its experiment's sweeps up to it, drawn
+    (orchestrator/read/history.py); empty when no variant has two sweeps yet."""
+    experiment = client.get_experiment(parent.info.experiment_id).name
+    sweeps, series = history_of(client, experiment, until=parent)
+    if not any(len(points) > 1 for points in series.values()):
+        return ""
+    plot = folder / NAME
+    history_plot(series, plot, plot_title(experiment, sweeps, "time"))
+    changes = "<br>".join(html.escape(line) for line in change_lines(series))
+    return f"<h2>History</h2>\n<p>{changes}</p>\n{figures([plot])}"
+
+
+def _html(parent: Any, rows: list[dict[str, Any]], plots: list[Path], history: str = "") -> str:
+    name, command = parent.info.run_name, parent.data.params.get("command", "")
+    status = parent.data.tags.get("status", parent.info.status)
+    intro = [f"Sweep run {parent.info.run_id}, status {status}", f"Command: {command}", *revision_lines(parent.data.tags)]
+    return page(f"report: {name}", intro, rows, plots, history)

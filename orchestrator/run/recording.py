@@ -3,7 +3,6 @@ figures and artifacts, the model, and the sweep's summary, plots and note."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -24,15 +23,6 @@ from tasks.measure import anatomy
 from tasks.measure.profiles import CHART, TABLE
 from tasks.phases import label
 from tasks.specs import BenchResult, ExportResult, Failure
-
-
-def git_commit() -> str:
-    here = Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=here)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def config_yaml(cfg: DictConfig, revision: str | None = None) -> str:
@@ -124,11 +114,11 @@ def log_pair(tracker: Tracker, a: Outcome, b: Outcome, result: Any) -> dict[str,
 
 def log_summary(
     tracker: Tracker, parent: str, plan: Plan, outcomes: dict[str, Outcome], rows: list[dict], out_dir: Path,
-    pairs: list[dict[str, str]] | None = None, plots: bool = True,
+    pairs: list[dict[str, str]] | None = None, plots: bool = True, notes: list[str] | None = None,
 ) -> str:
     """The sweep's summary (text, JSON, an MLflow table and the run's note) and, with `plots`,
-    its plots; returns the text."""
-    text = table(rows)
+    its plots; returns the text. `notes`: lines below the table (the code measured, alerts)."""
+    text = table(rows) + ("\n\n" + "\n".join(notes) if notes else "")
     if pairs:  # hydra.launcher.pair: each pair timed interleaved
         tracker.log_dict(parent, pairs, "pairs.json")
         text += "\n\nA/B pairs, timed interleaved (ratio = candidate / baseline median; sign test, min effect 5%)\n" + table(pairs)

@@ -18,9 +18,11 @@ from orchestrator.common.outcome import Outcome, Status
 from orchestrator.common.signals import deferred
 from orchestrator.plan.planner import Plan
 from orchestrator.plan.variant import Variant
+from orchestrator.read.alert import alert_lines, hold, named_sweep
 from orchestrator.read.store import run_series
 from orchestrator.read.summary import parity_value, summary_rows
 from orchestrator.record.links import ui_command, ui_lines
+from orchestrator.record.revision import Revisions, library_lines, revision_lines
 from orchestrator.record.tracking import Tracker
 from orchestrator.run import recording
 from orchestrator.run.progress import Progress
@@ -43,13 +45,14 @@ class SweepRun:
         self.pairs: dict[str, dict[str, Any]] = {}  # hydra.launcher.pair: candidate -> its pair's row
         self.parent: str | None = None
         self.repeats: dict[str, list[BenchResult]] = {}  # variant -> results of its processes so far
+        self.envs: dict[str, dict[str, str]] = {}  # variant -> its env.* tags: where it ran, library versions
         self.progress = Progress.of(plan)  # counts, ETA, and each ended variant's line
         # who owns the open runs: a later sweep closes them if this driver dies
         self.driver = {"driver.host": socket.gethostname(), "driver.pid": str(os.getpid())}
 
     # -- planned ----------------------------------------------------------------------
-    def _tags(self, v: Variant) -> dict[str, str]:
-        return {**axes(v), "git_commit": self.commit, "overrides": " ".join(v.overrides), **self.driver}
+    def _tags(self, name: str, v: Variant) -> dict[str, str]:
+        return {**axes(v), **self.revisions.of(name), "overrides": " ".join(v.overrides), **self.driver}
 
     def close_orphans(self) -> None:
         """Runs a dead driver left RUNNING (kill -9, a lost node) end KILLED with the reason."""
@@ -59,7 +62,10 @@ class SweepRun:
             say(f"  closed    {run.info.run_name}: left RUNNING, {why}")
 
     def record_plan(self, command: str, earlier: dict[str, Any] | None = None) -> None:
-        self.commit = recording.git_commit()
+        self.revisions = Revisions(self.plan, search=(os.getcwd(),))  # git, once per sweep
+        cfg = self.plan.point.tracking
+        if cfg.baseline is not None and cfg.baseline_last() is None:  # a named baseline that is not there: before any run
+            named_sweep(self.tracker.client, self.tracker.experiment_id, cfg.baseline)
         self.close_orphans()
         if earlier is None:
             earlier = self.tracker.finished_ok() if self.plan.point.tracking.resume else {}
@@ -68,7 +74,7 @@ class SweepRun:
         params |= {"exports": len(plan.exports), "bench_order_seed": self.sched.seed}
         if plan.excluded:
             params["excluded"] = sum(len(e.jobs) for e in plan.excluded)
-        tags = {"git_commit": self.commit, "host": platform.node(), "out_dir": str(self.out_dir), **self.driver}
+        tags = {**self.revisions.sweep, "host": platform.node(), "out_dir": str(self.out_dir), **self.driver}
         stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         self.parent = self.tracker.start_sweep(f"sweep_{stamp}", params, {**tags, "driver.heartbeat": f"{time.time():.0f}"})
         self.beat = time.monotonic()
@@ -82,11 +88,11 @@ class SweepRun:
                 self.reuse(pv.name, v, earlier[v.bench_key])
                 reused[pv.name] = earlier[v.bench_key].info.run_id
                 continue
-            tags = {**self._tags(v), "status": Status.PLANNED, "export_key": v.export_key, "bench_key": v.bench_key}
+            tags = {**self._tags(pv.name, v), "status": Status.PLANNED, "export_key": v.export_key, "bench_key": v.bench_key}
             run_id = self.tracker.start_variant(self.parent, pv.name, tags, v.params, config_yaml(pv.config, v.model.revision))
             self.outcomes[pv.name] = Outcome(pv.name, run_id=run_id, axes=axes(v))
         for s in self.plan.skipped:
-            tags = {**self._tags(s.variant), "status": Status.SKIPPED, "skip_reason": s.reason}
+            tags = {**self._tags(s.name, s.variant), "status": Status.SKIPPED, "skip_reason": s.reason}
             run_id = self.tracker.start_variant(self.parent, s.name, tags, s.variant.params, config_yaml(s.config, s.variant.model.revision))
             self.tracker.end(run_id, "FINISHED")
             self.outcomes[s.key] = Outcome(s.name, Status.SKIPPED, run_id, axes(s.variant), error=s.reason)
@@ -107,6 +113,7 @@ class SweepRun:
             o.series = run_series(client, run)  # its depth series, for the plots
         o.shapes = {k.removeprefix("shape."): json.loads(p) for k, p in run.data.params.items() if k.startswith("shape.")}
         o.unstable = run.data.tags.get("unstable") == "True"
+        self.envs[name] = {k: v for k, v in run.data.tags.items() if k.startswith("env.")}
         self.outcomes[name] = o
         self.progress.ended(name, Status.OK)
 
@@ -264,6 +271,7 @@ class SweepRun:
         o.metrics.update(result.metrics)
         o.series = result.series
         o.unstable = bool(result.metrics.get("unstable", 0.0))
+        self.envs[name] = {f"env.{k}": v for k, v in result.env.items()}
         recording.log_bench(self.tracker, name, o.run_id, result)
         if result.profile:
             recording.log_profile(self.tracker, o, result.profile, self.out_dir)
@@ -324,9 +332,28 @@ class SweepRun:
             tags={"status": Status.FAILED if failed else Status.OK},
         )
         pairs = list(self.pairs.values())
-        text = recording.log_summary(self.tracker, self.parent, self.plan, self.outcomes, summary_rows(outs), self.out_dir, pairs, plots)
+        notes = [*revision_lines(self.revisions.sweep), *library_lines(self.envs), *self.held()]
+        text = recording.log_summary(
+            self.tracker, self.parent, self.plan, self.outcomes, summary_rows(outs), self.out_dir, pairs, plots, notes
+        )
         self.tracker.end(self.parent, "FAILED" if failed else "FINISHED")
         return text
+
+    def held(self) -> list[str]:
+        """tracking.baseline: each variant this sweep measured judged against its baseline
+        (orchestrator/read/alert.py), tagged on its run; an alert on its outcome too (the exit status)."""
+        cfg = self.plan.point.tracking
+        if cfg.baseline is None:
+            return []
+        rows = hold(self.tracker.client, self.parent, cfg)
+        for r in rows:
+            o = self.outcomes[r["variant"]]
+            o.alert = r["alert"] or None
+            tags = {"alert.verdict": r["verdict"], "alert.ratio": r["ratio"], "alert.baseline": r["baseline"]}
+            self.tracker.log(o.run_id, tags=tags | ({"alert": r["alert"]} if r["alert"] else {}))
+        alerts = [r["variant"] for r in rows if r["alert"]]
+        self.tracker.log(self.parent, metrics={"alerts": len(alerts)}, tags={"alert.baseline": cfg.baseline, "alert.variants": ", ".join(alerts)})
+        return alert_lines(cfg, rows)
 
     def by_job(self) -> dict[int, Outcome]:
         """Each Hydra job's outcome, by job index: of a job that stands for several variants
