@@ -5,9 +5,8 @@ repository: a git repository of 16 commits built here, one of which makes decode
 The module under test (RUNTIME below) is a real runtime: eager's session whose every call runs
 the model CALLS times (5: a commit that makes it 6 makes decode 20% slower, the same work
 more often, on any machine however busy), and OFFSET added to the logits its parity check
-reads. (A busy-wait of 20% of the call's time, tried first, made decode ~2x slower here: the
-call after it ran with its caches cold; and one sized by measuring, at load, drifted with the
-machine's load.)
+reads. (A busy-wait after the call slowed the next call too, its caches cold, far beyond
+its own length: the same work more often is what a commit of a real runtime does.)
 """
 
 from __future__ import annotations
