@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import random
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -51,6 +52,9 @@ class PairSpec:
     baseline: BenchSpec
     candidate: BenchSpec
     options: PairOptions = field(default_factory=PairOptions)
+    # side -> folders put first on its process's import path before its runtime loads: a side's
+    # own checkout of an out-of-tree runtime (orchestrator.bisect times two commits of one module)
+    paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -83,9 +87,10 @@ def decided(ci: tuple[float, float], min_effect: float) -> bool:
     return side(ci, *band(min_effect)) != "across"
 
 
-def _side_main(conn: Any, spec: BenchSpec) -> None:
+def _side_main(conn: Any, spec: BenchSpec, path: tuple[str, ...] = ()) -> None:
     """A side's process: load, first call, warm-up, then time blocks on request."""
     die_with_parent()
+    sys.path[:0] = path
     try:
         benchmark_cores(spec.device, spec.bench.threads)  # pinned before loading: thread pools inherit it
         meta, feeds, _ = load_export(spec.export_dir)
@@ -112,11 +117,11 @@ def _side_main(conn: Any, spec: BenchSpec) -> None:
 
 
 class _Side:
-    def __init__(self, role: str, spec: BenchSpec, timeout_s: float):
+    def __init__(self, role: str, spec: BenchSpec, timeout_s: float, path: tuple[str, ...] = ()):
         ctx = multiprocessing.get_context("spawn")
         self.role, self.conn = role, None
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_side_main, args=(child, spec), name=f"phasesweep-pair-{role}")
+        self.proc = ctx.Process(target=_side_main, args=(child, spec, path), name=f"phasesweep-pair-{role}")
         self.proc.start()
         child.close()
         self.conn = parent
@@ -163,7 +168,7 @@ def paired_job(spec: PairSpec) -> PairResult:
     sides: dict[str, _Side] = {}
     try:
         for role, bench in zip(SIDES, (spec.baseline, spec.candidate), strict=True):
-            sides[role] = _Side(role, bench, opts.load_timeout_s)  # one at a time: loads never overlap
+            sides[role] = _Side(role, bench, opts.load_timeout_s, spec.paths.get(role, ()))  # one at a time: loads never overlap
         for role, side in sides.items():
             calls = round(opts.block_seconds * 1e9 / max(side.median_ns, 1.0))
             result.calls_per_block[role] = max(opts.block_calls, min(10_000, calls))

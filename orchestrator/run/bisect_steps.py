@@ -1,0 +1,174 @@
+"""One bisect step (orchestrator.bisect): a commit of the repository under test judged good,
+bad or skipped against the good commit.
+
+The variant is planned once from the sweep's overrides, as a sweep plans it (composed from
+conf/, validated, named). Each commit's checkout is put first on the import path of the
+processes that export and measure it (never this one), so the runtime or format module the
+config names by module path is that commit's. The export is made once per distinct export:
+a runtime's commits share the plan's own cache entry (the export key already hashes tasks/
+and the libraries), a format module in the repository adds its folders' tree id at the
+commit to the entry's name.
+
+- latency: the commit and the good commit timed interleaved (tasks/paired.py, as
+  `compare --remeasure` does): bad when the ratio's interval lies wholly above 1 + min_effect,
+  good when within or below that band, skipped when still undecided at --max-seconds;
+- parity: the commit's benchmark (tasks/jobs.py bench_job): bad when its parity check fails;
+- a commit whose export, load or run fails is skipped, as `git bisect skip` does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from orchestrator.plan.config import validate_all
+from orchestrator.plan.placement import local_capacity
+from orchestrator.plan.planner import PlannedVariant, export_spec, make_plan
+from orchestrator.run.checkout import Commit, tree_id
+from tasks.jobs import bench_in_fresh_process, export_in_fresh_process
+from tasks.measure.effect import band, side
+from tasks.paired import PairOptions, PairSpec, paired_job
+from tasks.registry import available
+from tasks.specs import ConfigError
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+METRICS = ("latency", "parity")
+GOOD, BAD, SKIP = "good", "bad", "skip"
+
+
+@dataclass(frozen=True)
+class Step:
+    commit: Commit
+    verdict: str  # good | bad | skip
+    detail: str  # what decided it, one line
+    ratio: float | None = None  # latency: candidate / good, median of the paired rounds
+    ci: tuple[float, float] | None = None
+    seconds: float = 0.0
+    decided: bool = True  # latency: the interval decided it (else its median did, at --max-seconds)
+
+
+@contextmanager
+def importing_from(paths: Sequence[str]) -> Iterator[None]:
+    """`paths` first on this process's import path while inside: a process spawned meanwhile
+    starts with it (multiprocessing's spawn copies sys.path), so it imports their modules."""
+    saved = list(sys.path)
+    sys.path[:0] = list(paths)
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
+def jobs_of(overrides: Sequence[str]) -> list[list[str]]:
+    """The sweep's jobs, one override list each, as Hydra's basic sweeper expands `a=x,y`."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    choices = []
+    for o in parsed:
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        choices.append([f"{o.get_key_element()}={v}" for v in values])
+    return [list(job) for job in itertools.product(*choices)]
+
+
+def plan_variant(overrides: Sequence[str], name: str | None) -> tuple[PlannedVariant, Any]:
+    """The variant to search, planned as a sweep of `overrides` plans it on this machine
+    (`name` picks one of several; the only one when None), and the sweep's tracking settings."""
+    jobs = jobs_of(overrides)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="bisect"):
+        configs = [compose("sweep", overrides=job) for job in jobs]
+    points = validate_all(configs, jobs)
+    plan = make_plan(points, configs, jobs, local_capacity(points[0].cluster.num_cpus))
+    names = [pv.name for pv in plan.variants]
+    if name is None and len(names) == 1:
+        return plan.variants[0], plan.point.tracking
+    if name not in names:
+        why = {s.name: s.reason for s in plan.skipped}.get(name or "")
+        raise ConfigError(
+            f"--variant={name!r}: " + (f"the plan skips it: {why}" if why else f"choose one of the sweep's variants: {', '.join(names) or 'none'}")
+        )
+    return plan.variant(name), plan.point.tracking
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a search measures: the planned variant, and what of the repository its processes import."""
+
+    planned: PlannedVariant
+    repo: Path
+    paths: tuple[str, ...]  # folders of the repository put on the import path (relative to its top)
+    format_paths: tuple[str, ...]  # of those, the ones that hold the export format's module: its export's input
+
+    @classmethod
+    def of(cls, planned: PlannedVariant, repo: Path, paths: tuple[str, ...], checkout: Path) -> Target:
+        fmt = planned.variant.backend.export_format
+        builtin = "." not in fmt and fmt in available("tasks.export")
+        module = Path(*fmt.split("."))
+        holds = tuple(p for p in paths if not builtin and _defines(checkout / p, module))
+        return cls(planned, repo, paths, holds)
+
+    def import_paths(self, checkout: Path) -> tuple[str, ...]:
+        return tuple(str((checkout / p).resolve()) for p in self.paths)
+
+    def export_dir(self, commit: Commit) -> str:
+        """The plan's cache entry, or, when the repository holds the format's module, one per
+        distinct tree of the folders that hold it."""
+        entry = self.planned.bench.export_dir
+        return f"{entry}-{tree_id(self.repo, commit, self.format_paths)}" if self.format_paths else entry
+
+
+def _defines(folder: Path, module: Path) -> bool:
+    return (folder / module).with_suffix(".py").is_file() or (folder / module / "__init__.py").is_file()
+
+
+def export_for(target: Target, commit: Commit, checkout: Path, timeout_s: float | None) -> tuple[Any, str | None]:
+    """(the commit's BenchSpec, None) on its export, made or reused; (None, why) when it fails."""
+    out = target.export_dir(commit)
+    with importing_from(target.import_paths(checkout)):
+        result = export_in_fresh_process(export_spec(target.planned.variant, out), timeout_s)
+    if not result.ok:
+        return None, f"export failed: {result.failure.error.strip().splitlines()[-1] if result.failure.error.strip() else '?'}"
+    return replace(target.planned.bench, export_dir=out), None
+
+
+def latency_step(target: Target, good: tuple[Any, Path], cand: tuple[Any, Path], commit: Commit, options: PairOptions) -> Step:
+    """The commit timed interleaved against the good commit: bad when slower by more than
+    options.min_effect (the ratio's whole interval above 1 + min_effect), good when the whole
+    interval lies below that edge; when --max-seconds end with the interval across it, its
+    median ratio decides (the step says so: decided=False)."""
+    (good_spec, good_dir), (cand_spec, cand_dir) = good, cand
+    spec = PairSpec(
+        target.planned.name, good_spec, cand_spec, options,
+        paths={"baseline": target.import_paths(good_dir), "candidate": target.import_paths(cand_dir)},
+    )
+    result = paired_job(spec)
+    if not result.ok:
+        return Step(commit, SKIP, f"did not run: {result.failure.error.strip().splitlines()[-1]}", seconds=result.seconds)
+    low, high = result.ci
+    edge = band(options.min_effect)[1]
+    where = side(result.ci, *band(options.min_effect))
+    decided = where == "above" or high < edge
+    slower = where == "above" or (not decided and result.ratio > edge)
+    said = "slower" if where == "above" else "not slower" if decided else f"undecided, its median {'above' if slower else 'below'} {edge:.3f}"
+    detail = f"ratio {result.ratio:.3f} [{low:.3f}, {high:.3f}] in {len(result.ratios)} rounds: {said}"
+    return Step(commit, BAD if slower else GOOD, detail, result.ratio, result.ci, result.seconds, decided)
+
+
+def parity_step(target: Target, cand: tuple[Any, Path], commit: Commit, timeout_s: float | None) -> Step:
+    """The commit's benchmark: bad when its outputs fail the parity check against the reference."""
+    spec, checkout = cand
+    with importing_from(target.import_paths(checkout)):
+        result = bench_in_fresh_process(spec, timeout_s)
+    if result.ok:
+        return Step(commit, GOOD, f"parity passed (max abs diff {result.metrics.get('parity_max_abs_diff', float('nan')):.3g})")
+    error = result.failure.error.strip().splitlines()
+    why = error[-1] if error else "?"
+    if result.failure.stage == "parity":
+        return Step(commit, BAD, f"parity broken: {why}")
+    return Step(commit, SKIP, f"did not run ({result.failure.stage}): {why}")
