@@ -19,7 +19,7 @@ def dynamic_shapes(graph: torch.nn.Module, args: tuple[torch.Tensor, ...], input
         return None
     max_len = graph.lm.config.max_position_embeddings
     # Dim.DYNAMIC rather than a named Dim: the symbolic solver cannot prove some guards
-    # that GQA's repeat_kv produces (min(16 + 16*s, 32 + 32*s) == 16 + 16*s) for a named
+    # that grouped-query attention produces (min(16 + 16*s, 32 + 32*s) == 16 + 16*s) for a named
     # Dim; the bounds still give ExecuTorch's memory planner its upper limit
     seq = torch.export.Dim.DYNAMIC(min=1, max=max_len - 1)
     static = [None] * (len(args) - len(past))

@@ -1,8 +1,9 @@
 """Attention, swappable by config.
 
 sdpa and math take q [B, H, S_q, D], k, v [B, H_kv, S_kv, D] and a boolean mask [S_q, S_kv]
-(True = may attend), and handle grouped-query attention (H a multiple of H_kv) by repeating
-key/value heads. Soft-capping of the scores (cap * tanh(scores / cap), Gemma's
+(True = may attend), and handle grouped-query attention (H a multiple of H_kv) by folding
+the query heads of each key/value head into its rows: the cache is read once per kv head,
+never copied per query head (an exported graph would otherwise copy it on every call). Soft-capping of the scores (cap * tanh(scores / cap), Gemma's
 attn_logit_softcapping) needs the scores written out: math applies it, sdpa and custom_sdpa
 refuse it (tasks.model.families.check_attention says so at plan time).
 
@@ -18,12 +19,23 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[B, H_kv, S, D] -> [B, H_kv * groups, S, D], each kv head serving `groups` q heads."""
+def fold_groups(q: torch.Tensor, mask: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, H_kv * groups, S_q, D] -> [B, H_kv, groups * S_q, D] and the mask tiled to match:
+    query head h reads kv head h // groups, as transformers' repeat_kv pairs them."""
     if groups == 1:
-        return x
-    b, h, s, d = x.shape
-    return x[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
+        return q, mask
+    b, h, s, d = q.shape
+    return q.reshape(b, h // groups, groups * s, d), mask.repeat(groups, 1)
+
+
+def unfold_groups(out: torch.Tensor, groups: int) -> torch.Tensor:
+    """[B, H_kv, groups * S_q, D] -> [B, H_kv * groups, S_q, D]: fold_groups undone."""
+    if groups == 1:
+        return out
+    b, h, gs, d = out.shape
+    # a copy in row-major order first: a fused kernel's output may be strided, and the
+    # exported program's view of it is checked again when decomposed (contiguous() is traced away)
+    return out.clone(memory_format=torch.contiguous_format).reshape(b, h * groups, gs // groups, d)
 
 
 class SDPA(nn.Module):
@@ -35,8 +47,9 @@ class SDPA(nn.Module):
         if softcap is not None:
             raise ValueError(f"model.attention='sdpa' cannot soft-cap attention scores (cap {softcap}); choose math")
         groups = q.shape[1] // k.shape[1]
-        k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # [B, H, S_kv, D]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, H, S_q, D]
+        q, mask = fold_groups(q, mask, groups)  # [B, H_kv, G * S_q, D]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return unfold_groups(out, groups)  # [B, H, S_q, D]
 
 
 class MathAttention(nn.Module):
@@ -46,13 +59,13 @@ class MathAttention(nn.Module):
 
     def forward(self, q, k, v, mask: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor:
         groups = q.shape[1] // k.shape[1]
-        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-        scores = torch.matmul(q, k.transpose(2, 3)) * scale  # [B, H, S_q, S_kv]
+        q, mask = fold_groups(q, mask, groups)  # [B, H_kv, G * S_q, D]
+        scores = torch.matmul(q, k.transpose(2, 3)) * scale  # [B, H_kv, G * S_q, S_kv]
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        return torch.matmul(probs, v)  # [B, H, S_q, D]
+        return unfold_groups(torch.matmul(probs, v), groups)  # [B, H, S_q, D]
 
 
 def load_llama_ops() -> None:
