@@ -45,6 +45,7 @@ class FakeRun:
     metrics: dict[str, float] = field(default_factory=dict)
     files: dict[str, Any] = field(default_factory=dict)  # logged text/dicts by name
     artifacts: list[tuple[str, str | None]] = field(default_factory=list)  # (file name, artifact_path)
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # step metrics: name -> (step, value)
     status: str = "RUNNING"
 
 
@@ -85,8 +86,10 @@ class FakeTracker:
         self.log_text(run_id, config_yaml, "config.yaml")
         return run_id
 
-    def log(self, run_id, metrics=None, params=None, tags=None):
+    def log(self, run_id, metrics=None, params=None, tags=None, series=None):
         run = self._open(run_id)
+        for k, points in (series or {}).items():
+            run.series.setdefault(k, []).extend(points)
         run.metrics.update({k: float(v) for k, v in (metrics or {}).items() if v is not None})
         for k, v in (params or {}).items():  # MLflow refuses to change a logged param
             assert run.params.setdefault(k, str(v)) == str(v), f"{run.name}: param {k} changed"
