@@ -11,6 +11,7 @@ from typing import Any
 from orchestrator.common.outcome import Outcome, Status
 from orchestrator.plan.config import TrackingCfg
 from orchestrator.record.store import resolve_uri
+from orchestrator.record.tracking import run_series
 
 SWEEP_FILTER = "tags.`phasesweep.role` = 'sweep'"
 
@@ -127,12 +128,3 @@ def load_sweep(client: Any, parent: Any) -> tuple[list[Outcome], dict[str, dict[
     for o, (_, run, _) in zip(outcomes, found, strict=True):
         o.series = run_series(client, run)
     return outcomes, {name: dict(run.data.params) for name, run, _ in found}
-
-
-SERIES_PREFIX = "depth_"  # tasks/depth_series.py PREFIX: a run's step metrics
-
-
-def run_series(client: Any, run: Any) -> dict[str, list[tuple[int, float]]]:
-    """A run's series (step metrics whose names start with SERIES_PREFIX): metric -> (step, value)."""
-    keys = [k for k in run.data.metrics if k.startswith(SERIES_PREFIX)]
-    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)) for k in keys}

@@ -72,6 +72,15 @@ def existing_runs(cfg: TrackingCfg) -> dict[str, list[str]]:
     return found
 
 
+SERIES_PREFIX = "depth_"  # tasks/depth_series.py PREFIX: a run's step metrics
+
+
+def run_series(client: Any, run: Any) -> dict[str, list[tuple[int, float]]]:
+    """A run's series (step metrics whose names start with SERIES_PREFIX): metric -> (step, value)."""
+    keys = [k for k in run.data.metrics if k.startswith(SERIES_PREFIX)]
+    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)) for k in keys}
+
+
 def apply(client: Any, op: str, args: list[Any]) -> None:
     """One journaled write (orchestrator/record/journal.py) on an MLflow client."""
     from mlflow.entities import Metric, Param, RunTag  # lazy: mlflow, only once a store is opened
@@ -163,6 +172,10 @@ class Tracker:
     @property
     def experiment_id(self) -> str:
         return self.connected()._experiment_id
+
+    def series(self, run: Any) -> dict[str, list[tuple[int, float]]]:
+        """An earlier run's series (its depth series), read back to draw them again."""
+        return run_series(self.client, run)
 
     def _experiment(self, name: str, root: Path | None) -> str:
         """The experiment's id, created when new, with the tags the UI opens it by

@@ -19,7 +19,6 @@ from orchestrator.common.signals import deferred
 from orchestrator.plan.planner import Plan
 from orchestrator.plan.variant import Variant
 from orchestrator.read.alert import alert_lines, hold, named_sweep
-from orchestrator.read.store import run_series
 from orchestrator.read.summary import parity_value, summary_rows
 from orchestrator.record.links import ui_command, ui_lines
 from orchestrator.record.revision import Revisions, library_lines, revision_lines
@@ -109,8 +108,7 @@ class SweepRun:
     def reuse(self, name: str, v: Variant, run: Any) -> None:
         o = Outcome(name, Status.OK, run.info.run_id, axes(v), reused_from=run.info.run_id)
         o.metrics = dict(run.data.metrics)
-        if client := getattr(self.tracker, "client", None):  # MLflow's own; a test's tracker has none
-            o.series = run_series(client, run)  # its depth series, for the plots
+        o.series = self.tracker.series(run)  # its depth series, for the plots
         o.shapes = {k.removeprefix("shape."): json.loads(p) for k, p in run.data.params.items() if k.startswith("shape.")}
         o.unstable = run.data.tags.get("unstable") == "True"
         self.envs[name] = {k: v for k, v in run.data.tags.items() if k.startswith("env.")}
