@@ -72,6 +72,7 @@ def swept(tmp_path_factory, mlflow_db, cache_override, outside):
             "tracking.experiment=spin", *SHAPE_OVERRIDES]  # fmt: skip
     nightly = [*SHRINK, *store, "tracking.experiment=nightly", "bench.quality=false"]
     codes = {}
+    sys.modules.pop("spin_runtime", None)  # another test file in this process may have imported tests/spin_backend's
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(repo))  # spin_runtime imported by name here, on Ray's workers and their processes
         path = [str(repo), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)), str(CONF.parent)]
