@@ -4,8 +4,6 @@ plot, the table and the changes are logged on the experiment's latest sweep run,
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import tempfile
 from pathlib import Path
@@ -14,7 +12,7 @@ from typing import Any
 from orchestrator.common.console import table
 from orchestrator.read.history import change_lines, history_of, history_rows, plot_title
 from orchestrator.read.history_plot import NAME, history_plot
-from orchestrator.read.report_build import page
+from orchestrator.read.report_build import csv_text, page
 from orchestrator.read.store import open_store
 from orchestrator.read.summary import markdown_table
 
@@ -40,11 +38,7 @@ def history_report(uri: str | None, experiment: str, fmt: str = "markdown", out:
     if fmt == "text":
         return table(rows) + "\n\n" + "\n".join(changes) + "\n"
     if fmt == "csv":
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["variant"], lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        return buf.getvalue()
+        return csv_text(rows)
     lines = [f"# phasesweep history: {experiment}", "", f"- {len(sweeps)} sweeps, {order} order", ""]
     lines += [markdown_table(rows), "", *(f"    {c}" for c in changes), ""]
     lines += [f"![history]({base.name})"] if drawn else []

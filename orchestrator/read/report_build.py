@@ -35,11 +35,7 @@ def report(uri: str | None, ref: str, fmt: str = "markdown", out: Path | None = 
     if fmt == "text":
         return table(rows) + "\n"
     if fmt == "csv":
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["variant"], lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        return buf.getvalue()
+        return csv_text(rows)
     prows = plot_rows(outcomes, params)
     if fmt == "html":
         with tempfile.TemporaryDirectory() as tmp:
@@ -110,3 +106,12 @@ def _html(parent: Any, rows: list[dict[str, Any]], plots: list[Path], history: s
     status = parent.data.tags.get("status", parent.info.status)
     intro = [f"Sweep run {parent.info.run_id}, status {status}", f"Command: {command}", *revision_lines(parent.data.tags)]
     return page(f"report: {name}", intro, rows, plots, history)
+
+
+def csv_text(rows: list[dict]) -> str:
+    """Table rows as CSV, one column per key of the first row."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["variant"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
