@@ -15,10 +15,11 @@ Each commit measured is checked out in a git worktree of its own under a tempora
 commit leaves the export's inputs alone (orchestrator/run/bisect_steps.py).
 
 --metric latency: the bad commit is first timed against the good one, interleaved (as
-`compare --remeasure` does, tasks/paired.py); it must be slower by more than --min-effect.
-Each step then times its commit against the good commit the same way, and calls it bad when
-the ratio's 95% interval lies wholly above 1 + half the bad commit's slowdown (at least
---min-effect), good when it lies wholly below that edge; an interval still across the edge at
+`compare --remeasure` does, tasks/paired.py); it must be slower: its ratio's 95% interval wholly
+above 1 and its median beyond 1 + --min-effect. Each step then times its commit against the
+good commit the same way, and calls it bad when the ratio's interval lies wholly above 1 + half
+the slowdown the bad commit's interval is sure of (its lower end; at least --min-effect), good
+when it lies wholly below that edge; an interval still across the edge at
 --max-seconds leaves the decision to its median ratio (the step says "undecided"). A drift of
 the machine's speed falls on both sides of each round alike, so it cannot pick the commit.
 --metric parity: a commit is bad when its benchmark's parity check fails (the good commit
@@ -81,6 +82,14 @@ def search(commits: list[Commit], judge: Callable[[Commit], Step]) -> tuple[list
     return steps, commits[lo + 1 : hi + 1]
 
 
+def bad_end(step: Step) -> bool:
+    """Whether the bad end differs from the good one: parity broken, or slower for sure (its
+    interval wholly above 1) by more than --min-effect (its median, at --max-seconds)."""
+    if step.verdict != BAD:
+        return False
+    return step.decided or (step.ci is not None and step.ci[0] > 1)
+
+
 class Bisect:
     """One search: the good commit checked out for its whole length, each other commit for its step."""
 
@@ -126,10 +135,10 @@ class Bisect:
             if start.verdict != GOOD:
                 return self.finish(f"--good {self.good.short} does not pass parity: {start.detail}", [], 1)
         end = self.measure(self.bad)
-        if end.verdict != BAD or not end.decided:
+        if not bad_end(end):
             return self.finish(f"--bad {self.bad.short} is not bad against --good {self.good.short}: {end.detail}", [], 1)
-        if self.args.metric == "latency":  # steps judged against half the slowdown found at the bad end
-            self.options = replace(self.options, min_effect=max(self.args.min_effect, (end.ratio - 1) / 2))
+        if end.ci is not None:  # latency: steps judged against half the slowdown the bad end is sure of
+            self.options = replace(self.options, min_effect=max(self.args.min_effect, (end.ci[0] - 1) / 2))
         _, suspects = search(self.commits, self.measure)
         if len(suspects) == 1:
             c = suspects[0]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.bisect import main, search
+from orchestrator.bisect import bad_end, main, search
 from orchestrator.run.bisect_steps import BAD, GOOD, SKIP, Step, jobs_of
 from orchestrator.run.checkout import Commit
 from tests.conftest import SHAPE_OVERRIDES
@@ -147,6 +147,16 @@ def test_the_search_is_git_bisect_s_with_skips():
     assert [c.subject for c in suspects] == ["c6", "c7", "c8"]
 
 
+def test_the_bad_end_must_be_slower_for_sure_or_broken():
+    c = Commit("f" * 40, "bad end")
+    assert bad_end(Step(c, BAD, "parity broken"))
+    assert bad_end(Step(c, BAD, "", 1.3, (1.2, 1.4)))  # decided: wholly above 1 + min_effect
+    # at --max-seconds its interval still reaches under 1 + min_effect, but not under 1: slower for sure
+    assert bad_end(Step(c, BAD, "", 1.094, (1.04, 1.16), decided=False))
+    assert not bad_end(Step(c, BAD, "", 1.07, (0.98, 1.16), decided=False))  # maybe not slower at all
+    assert not bad_end(Step(c, GOOD, "", 1.01, (0.99, 1.03)))
+
+
 def test_the_overrides_expand_as_hydra_s_basic_sweeper_does():
     assert jobs_of(["a=1,2", "b=x"]) == [["a=1", "b=x"], ["a=2", "b=x"]]
 
@@ -180,6 +190,8 @@ def test_a_20_percent_slowdown_is_named_beside_a_cpu_hog(tmp_path, capsys, cpu_h
             *overrides(tmp_path / "repo", tmp_path)]
     status = main(argv)
     out = capsys.readouterr().out
+    with capsys.disabled():  # the steps and their ratios, for a run by hand (-s)
+        print(out)
     assert status == 0, out
     assert first_bad(out) == shas[culprit], out
     assert "(slower)" in out
@@ -196,6 +208,8 @@ def test_a_parity_break_is_named_as_broken_not_slower(tmp_path, capsys, cpu_hog)
             *overrides(tmp_path / "repo", tmp_path)]
     status = main(argv)
     out = capsys.readouterr().out
+    with capsys.disabled():
+        print(out)
     assert status == 0, out
     assert first_bad(out) == shas[9] and "(broke parity)" in out and "slower" not in out
     assert len(measured(out) | {shas[0][:10]}) <= 6, out
