@@ -84,11 +84,11 @@ def test_a_single_env_still_names_its_variant_and_the_drivers_own_adds_nothing()
     assert pinned.export_key != default.export_key
 
 
-def _wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
-    """A pure-Python wheel of module `name` whose VERSION is `version`, made by hand."""
+def wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = (), body: str = "") -> Path:
+    """A pure-Python wheel of module `name` whose VERSION is `version` (then `body`), made by hand."""
     dist = f"{name}-{version}.dist-info"
     files = {
-        f"{name}/__init__.py": f"VERSION = {version!r}\n",
+        f"{name}/__init__.py": f"VERSION = {version!r}\n{body}",
         f"{dist}/METADATA": "\n".join(["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]) + "\n",
         f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
@@ -118,7 +118,7 @@ def _version_in_child(spec: object) -> BenchResult:
 
 
 def test_an_env_is_made_once_per_node_and_reused(local_index, tmp_path):
-    _wheel(local_index, "psw_demo", "2.0")
+    wheel(local_index, "psw_demo", "2.0")
     entry = str(tmp_path / "cache" / "llama_decode_onnx-0123")  # an export cache entry: envs/ goes beside it
     env = EnvSpec(("psw_demo==2.0",))
     first = envs.ensure(env, entry)
@@ -132,7 +132,7 @@ def test_an_env_is_made_once_per_node_and_reused(local_index, tmp_path):
 
 
 def test_an_env_whose_library_needs_what_the_drivers_lack_is_refused(local_index, tmp_path):
-    _wheel(local_index, "psw_needy", "1.0", ("numpy<1",))
+    wheel(local_index, "psw_needy", "1.0", ("numpy<1",))
     with pytest.raises(envs.EnvError, match=r"psw_needy 1.0 needs numpy<1, this environment has 2"):
         envs.ensure(EnvSpec(("psw_needy==1.0",)), str(tmp_path / "cache" / "entry"))
     assert not list((tmp_path / "cache" / envs.ROOT).glob("*/ready.json"))  # nothing half-made is reused

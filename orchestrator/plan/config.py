@@ -16,15 +16,8 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig
 
-from orchestrator.plan.checks import (
-    EXPERIMENT_NAME_MAX,
-    baseline_last,
-    check_bench,
-    fraction,
-    jobs_text,
-    safe_name,
-    typed,
-)
+from orchestrator.plan import checks
+from orchestrator.plan.checks import EXPERIMENT_NAME_MAX, baseline_last, check_bench, fraction, safe_name, typed
 from orchestrator.plan.convert import merged, plain_object
 from orchestrator.plan.env import EnvCfg
 from tasks.export import format_module
@@ -394,7 +387,7 @@ def validate_all(configs: Sequence[DictConfig], overrides: list[list[str]]) -> l
         except ConfigError as e:
             errors.setdefault(str(e), []).append(idx)
     if errors:
-        lines = [msg + jobs_text(jobs, overrides, len(configs)) for msg, jobs in errors.items()]
+        lines = [msg + checks.jobs_text(jobs, overrides, len(configs)) for msg, jobs in errors.items()]
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
     for group in ("tracking", "cluster"):  # one sweep is one MLflow parent run on one Ray
         values = {repr(v) for v in {id(getattr(p, group)): getattr(p, group) for p in points}.values()}
