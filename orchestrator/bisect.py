@@ -29,6 +29,8 @@ the ratio's 95% interval lies wholly above 1 + half the bad commit's slowdown (a
 the machine's speed falls on both sides of each round alike, so it cannot pick the commit.
 --metric parity: a commit is bad when its benchmark's parity check fails (the good commit
 must pass, the bad one fail; the good commit's check is step 0).
+--metric quality: a commit is bad when it lost quality (bench.quality's perplexity, or top-1
+without one) against the good commit's, as compare defines a loss; the good commit's is step 0.
 
 A commit whose export, load or run fails is skipped, as `git bisect skip` does. The search is recorded in MLflow (the sweep's
 tracking settings): a run tagged phasesweep.role=bisect with the ratio at each step as a
@@ -55,6 +57,7 @@ from orchestrator.run.bisect_steps import (
     METRICS,
     SKIP,
     Release,
+    Side,
     Step,
     Target,
     export_for,
@@ -62,6 +65,7 @@ from orchestrator.run.bisect_steps import (
     latency_step,
     parity_step,
     plan_variant,
+    quality_step,
     releases,
 )
 from orchestrator.run.checkout import Commit, between, check_order, resolve, root_of, worktree
@@ -112,6 +116,7 @@ class Bisect:
         self.overrides, self.paths = overrides, paths
         self.options = PairOptions(max_seconds=args.max_seconds, target_ci=args.target_ci, min_effect=args.min_effect)
         self.seen: list[Step] = []  # every commit measured, in order (step 0: the bad end)
+        self.reference: dict[str, float] | None = None  # --metric quality: the good end's metrics
 
     def run(self) -> int:
         with worktree(self.repo, self.good, self.work) as good_dir:
@@ -127,8 +132,15 @@ class Bisect:
             self.log = BisectRuns(tracking, f"bisect {planned.name} {self.good.short}..{self.bad.short}", self.params(planned.name))
             return self.search()
 
-    def good_parity(self) -> Step:
-        return parity_step(self.good_side, self.good, self.args.timeout)
+    def single(self, side: Side, point: Commit | Release) -> Step:
+        """--metric parity or quality: the point's own benchmark; quality's judged against the
+        good end's, measured first (self.reference)."""
+        if self.args.metric == "parity":
+            return parity_step(side, point, self.args.timeout)
+        step, metrics = quality_step(side, point, self.args.timeout, self.reference)
+        if self.reference is None and step.verdict == GOOD:
+            self.reference = metrics
+        return step
 
     def params(self, name: str) -> dict[str, str]:
         a = self.args
@@ -137,10 +149,10 @@ class Bisect:
                 "min_effect": str(a.min_effect), "overrides": " ".join(self.overrides)}
 
     def search(self) -> int:
-        if self.args.metric == "parity":  # the good commit must pass what the search looks for
-            start = self.record(self.good_parity())
+        if self.args.metric != "latency":  # the good end must pass parity, or give quality's reference
+            start = self.record(self.single(self.good_side, self.good))
             if start.verdict != GOOD:
-                return self.finish(f"the good {self.AXIS} {self.good.short} does not pass parity: {start.detail}", [], 1)
+                return self.finish(f"the good {self.AXIS} {self.good.short} fails {self.args.metric}: {start.detail}", [], 1)
         end = self.measure(self.bad)
         if end.verdict != BAD or not end.decided:
             return self.finish(f"the bad {self.AXIS} {self.bad.short} is not bad against {self.good.short}: {end.detail}", [], 1)
@@ -149,7 +161,7 @@ class Bisect:
         _, suspects = search(self.commits, self.measure)
         if len(suspects) == 1:
             c = suspects[0]
-            what = "slower" if self.args.metric == "latency" else "broke parity"
+            what = {"latency": "slower", "parity": "broke parity", "quality": "lost quality"}[self.args.metric]
             return self.finish(f"first bad {self.AXIS}: {f'{c.sha} {c.subject}'.strip()} ({what})", suspects, 0)
         listed = ", ".join(c.short for c in suspects)
         return self.finish(f"the first bad {self.AXIS} is one of {listed} (skipped {self.AXIS}s hide which)", suspects, 1)
@@ -165,7 +177,7 @@ class Bisect:
             elif self.args.metric == "latency":
                 step = latency_step(self.target.planned.name, self.good_side, (spec, self.target.import_paths(checkout)), commit, self.options)
             else:
-                step = parity_step((spec, self.target.import_paths(checkout)), commit, self.args.timeout)
+                step = self.single((spec, self.target.import_paths(checkout)), commit)
         return self.record(step)
 
     def record(self, step: Step) -> Step:
@@ -202,6 +214,7 @@ class VersionBisect(Bisect):
         self.good, self.bad, self.commits = found[0], found[-1], found[1:]
         self.options = PairOptions(max_seconds=args.max_seconds, target_ci=args.target_ci, min_effect=args.min_effect)
         self.seen: list[Step] = []
+        self.reference: dict[str, float] | None = None
 
     def plan(self, release: Release) -> tuple[Any, Any]:
         """The variant with env.pip pinning `release` (--variant names it without its pins)."""
@@ -230,7 +243,7 @@ class VersionBisect(Bisect):
             return self.record(Step(commit, SKIP, why or ""))
         if self.args.metric == "latency":
             return self.record(latency_step(planned.name, self.good_side, (spec, ()), commit, self.options))
-        return self.record(parity_step((spec, ()), commit, self.args.timeout))
+        return self.record(self.single((spec, ()), commit))
 
 
 def say(line: str) -> None:

@@ -68,11 +68,19 @@ def test_a_sweep_over_two_onnxruntime_versions_runs_each_in_its_own_reused_envir
     assert len(list((tmp_path / "cache" / "envs").glob("*/ready.json"))) == 2
 
 
-RUNTIME = '''"""Eager, with the logits its parity check reads offset by psw_offset.OFFSET: the library whose
-released versions the test searches."""
+RUNTIME = '''"""Eager, with the logits its parity check and its quality read offset by psw_offset.OFFSET and
+noised by psw_offset.NOISE (relative to each row's spread): the library whose versions the test searches."""
+
+import numpy as np
 
 from tasks.contract import Runtime
 from tasks.runtimes.eager import EagerRuntime
+
+
+def changed(x, offset, noise, rng):
+    x = np.asarray(x)
+    spread = np.linalg.norm(x - x.mean(-1, keepdims=True), axis=-1, keepdims=True) / np.sqrt(x.shape[-1])
+    return (x + offset + noise * spread * rng.standard_normal(x.shape)).astype(x.dtype)
 
 
 class OffsetRuntime(Runtime):
@@ -85,8 +93,8 @@ class OffsetRuntime(Runtime):
         from tasks.runtimes import eager
 
         session = eager.RUNTIME.load(spec, meta, feeds)
-        run_steps = session.run_steps
-        session.run_steps = lambda *a, **k: [x + psw_offset.OFFSET for x in run_steps(*a, **k)]
+        run_steps, rng = session.run_steps, np.random.default_rng(0)
+        session.run_steps = lambda *a, **k: [changed(x, psw_offset.OFFSET, psw_offset.NOISE, rng) for x in run_steps(*a, **k)]
         return session
 
 
@@ -95,30 +103,41 @@ RUNTIME = OffsetRuntime()
 BACKEND = "name: offset_rt\nruntime: offset_runtime\nexport_format: none\ndevices: [cpu]\nexport_options: {}\noptions: {}\n"
 
 
+# what a release from 1.3 on changes, and how the search that finds it is asked: a constant
+# offset breaks parity (softmax ignores it: quality unchanged); noise of 5% of the logits' spread
+# stays within int8's parity bound (10%) and flips the top-1 token of a random model's flat logits
+SEARCHES = {
+    "parity": ({"OFFSET": 1.0, "NOISE": 0.0}, ["bench.quality=false"], "broke parity"),
+    "quality": ({"OFFSET": 0.0, "NOISE": 0.05}, ["model.quant=int8", "bench.quality=true", "bench.quality_tokens=32"], "lost quality"),
+}
+
+
 @pytest.mark.slow
-def test_a_version_bisect_names_the_first_release_that_breaks_parity(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("metric", sorted(SEARCHES))
+def test_a_version_bisect_names_the_first_release_that_breaks(tmp_path, monkeypatch, capsys, metric):
+    change, settings, said = SEARCHES[metric]
     wheels, module = tmp_path / "wheels", tmp_path / "module"
     (module / "conf" / "backend").mkdir(parents=True)
     wheels.mkdir()
     (module / "offset_runtime.py").write_text(RUNTIME)
     (module / "conf" / "backend" / "offset_rt.yaml").write_text(BACKEND)
     versions = ["1.0", "1.1", "1.2", "1.3", "1.4", "1.5"]
-    for v in versions:  # 1.3 and later offset the logits: parity breaks there
-        wheel(wheels, "psw_offset", v, body=f"OFFSET = {1.0 if v >= '1.3' else 0.0}\n")
+    for v in versions:
+        values = change if v >= "1.3" else {"OFFSET": 0.0, "NOISE": 0.0}
+        wheel(wheels, "psw_offset", v, body="".join(f"{k} = {x}\n" for k, x in values.items()))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
     monkeypatch.syspath_prepend(str(module))  # the runtime module: the driver validates with it, spawned children import it
-    argv = ["--pip", "psw_offset==" + ",".join(versions), "--metric", "parity", "--",
-            "backend=offset_rt", "phase=decode", "bench.threads=1", *SHAPE_OVERRIDES, *FAST,
+    argv = ["--pip", "psw_offset==" + ",".join(versions), "--metric", metric, "--",
+            "backend=offset_rt", "phase=decode", "bench.threads=1", *SHAPE_OVERRIDES, *FAST, *settings,
             f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"cluster.export_cache={tmp_path / 'cache'}",
             f"hydra.searchpath=[file://{module / 'conf'}]"]
     status = main(argv)
     out = capsys.readouterr().out
     assert status == 0, out
-    assert "first bad version: psw_offset==1.3 (broke parity)" in out.splitlines(), out
+    assert f"first bad version: psw_offset==1.3 ({said})" in out.splitlines(), out
     measured = {line.split()[2] for line in out.splitlines() if line.startswith("[step ") and "measuring" not in line}
     assert measured <= {f"psw_offset=={v}" for v in versions} and len(measured) <= 4, out  # 1.0, 1.5 and at most two between
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (search,) = client.search_runs([client.get_experiment_by_name("phasesweep").experiment_id], "tags.`phasesweep.role` = 'bisect'")
     assert search.data.tags["first_bad_version"] == "psw_offset==1.3"
-

@@ -12,10 +12,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from orchestrator.plan.config import validate, validate_all
+from orchestrator.plan.grid import GridRules
+from orchestrator.plan.planner import make_plan
 from tasks.specs import BenchResult, ConfigError, EnvSpec, check_pins
 from tasks.worker import envs
 from tasks.worker.fresh import in_fresh_process
-from tests.conftest import compose_jobs, plan_jobs
+from tests.conftest import capacity, compose_jobs, plan_jobs
 
 ORT_A, ORT_B = '"onnxruntime==1.29.0"', '"onnxruntime==1.30.0"'
 
@@ -141,3 +143,13 @@ def test_an_env_whose_library_needs_what_the_drivers_lack_is_refused(local_index
 def test_a_version_pip_cannot_find_fails_with_pips_reason(local_index, tmp_path):
     with pytest.raises(envs.EnvError, match=r"env.pip=\['psw_absent==9.9'\]: pip install failed"):
         envs.ensure(EnvSpec(("psw_absent==9.9",)), str(tmp_path / "cache" / "entry"))
+
+
+def test_two_versions_pair_for_an_interleaved_ab():
+    """hydra.launcher.pair=env.pip: each phase's two versions, timed interleaved in one task."""
+    configs, overrides = compose_jobs(*[[f"env.pip={pin}", f"phase={phase}"] for pin in (ORT_A, ORT_B) for phase in ("prefill", "decode")])
+    plan = make_plan(validate_all(configs, overrides), configs, overrides, capacity(), GridRules(pair="env.pip"))
+    assert plan.pairs == tuple(
+        (f"llama_{phase}_onnxruntime_cpu_onnxruntime-1.29.0", f"llama_{phase}_onnxruntime_cpu_onnxruntime-1.30.0")
+        for phase in ("prefill", "decode")
+    )

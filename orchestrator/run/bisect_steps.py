@@ -15,6 +15,8 @@ each its variant planned with env.pip pinning it, exported and measured in its e
   `compare --remeasure` does): bad when the ratio's interval lies wholly above 1 + min_effect,
   good when within or below that band, skipped when still undecided at --max-seconds;
 - parity: the commit's benchmark (tasks/jobs.py bench_job): bad when its parity check fails;
+- quality: the commit's benchmark: bad when it lost quality against the good commit's, as
+  compare defines a loss (orchestrator/read/quality_compare.py);
 - a commit whose export, load or run fails is skipped, as `git bisect skip` does.
 """
 
@@ -32,6 +34,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from orchestrator.plan.config import validate_all
 from orchestrator.plan.placement import local_capacity
 from orchestrator.plan.planner import PlannedVariant, export_spec, make_plan
+from orchestrator.read.quality_compare import quality_cell, quality_change
 from orchestrator.run.checkout import Commit, tree_id
 from tasks.jobs import bench_in_fresh_process, export_in_fresh_process
 from tasks.measure.effect import band, side
@@ -41,7 +44,7 @@ from tasks.specs import ConfigError, EnvSpec, check_pins
 from tasks.worker.fresh import importing_from
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-METRICS = ("latency", "parity")
+METRICS = ("latency", "parity", "quality")
 GOOD, BAD, SKIP = "good", "bad", "skip"
 
 
@@ -206,3 +209,23 @@ def parity_step(cand: Side, commit: Commit | Release, timeout_s: float | None) -
     if result.failure.stage == "parity":
         return Step(commit, BAD, f"parity broken: {why}")
     return Step(commit, SKIP, f"did not run ({result.failure.stage}): {why}")
+
+
+def quality_step(cand: Side, commit: Commit | Release, timeout_s: float | None, reference: dict[str, float] | None) -> tuple[Step, dict[str, float]]:
+    """The commit's (or release's) benchmark with its quality (bench.quality): bad when it lost
+    quality against `reference`, the good one's metrics, as compare defines a loss; with no
+    reference, the good one's own: good once measured. Its metrics come back with the step."""
+    spec, paths = cand
+    with importing_from(paths):
+        result = bench_in_fresh_process(spec, timeout_s)
+    if not result.ok:
+        error = result.failure.error.strip().splitlines()
+        return Step(commit, SKIP, f"did not run ({result.failure.stage}): {error[-1] if error else '?'}"), {}
+    if reference is None:
+        ok = "quality_top1" in result.metrics
+        detail = f"quality measured: top1 {result.metrics['quality_top1']:.0%}" if ok else "no quality measured (needs bench.quality=true)"
+        return Step(commit, GOOD if ok else SKIP, detail), result.metrics
+    change = quality_change(reference, result.metrics)
+    if change is None:
+        return Step(commit, SKIP, "no quality measured"), result.metrics
+    return Step(commit, BAD if change["lost"] else GOOD, quality_cell(change, "")), result.metrics
