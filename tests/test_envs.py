@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from orchestrator.plan.config import validate, validate_all
-from orchestrator.plan.grid import GridRules
+from orchestrator.plan.grid import grid_rules
 from orchestrator.plan.planner import make_plan
 from tasks.specs import BenchResult, ConfigError, EnvSpec, check_pins
 from tasks.worker import envs
@@ -148,7 +148,7 @@ def test_a_version_pip_cannot_find_fails_with_pips_reason(local_index, tmp_path)
 def test_two_versions_pair_for_an_interleaved_ab():
     """hydra.launcher.pair=env.pip: each phase's two versions, timed interleaved in one task."""
     configs, overrides = compose_jobs(*[[f"env.pip={pin}", f"phase={phase}"] for pin in (ORT_A, ORT_B) for phase in ("prefill", "decode")])
-    plan = make_plan(validate_all(configs, overrides), configs, overrides, capacity(), GridRules(pair="env.pip"))
+    plan = make_plan(validate_all(configs, overrides), configs, overrides, capacity(), grid_rules(pair="env.pip"))
     assert plan.pairs == tuple(
         (f"llama_{phase}_onnxruntime_cpu_onnxruntime-1.29.0", f"llama_{phase}_onnxruntime_cpu_onnxruntime-1.30.0")
         for phase in ("prefill", "decode")
