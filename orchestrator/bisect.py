@@ -189,7 +189,7 @@ class Bisect:
         return step
 
     def finish(self, verdict: str, suspects: list[Commit], status: int) -> int:
-        say(f"measured {len(self.seen)} commits besides the good one:")
+        say(f"measured {len(self.seen)} {self.AXIS}s besides the good one:")
         for number, s in enumerate(self.seen):
             ratio = f"ratio {s.ratio:.3f}" if s.ratio is not None else "ratio -"
             say(f"  {number:>2}  {s.commit.short}  {s.verdict:<4}  {ratio}  {s.commit.subject}")
