@@ -38,7 +38,7 @@ from tasks.quality_windows import make_quality
 from tasks.quality_windows import measure as measure_quality
 from tasks.runtimes import runtime_module
 from tasks.specs import BenchResult, BenchSpec, ExportResult, ExportSpec, Failure
-from tasks.worker import forks
+from tasks.worker import envs, forks
 from tasks.worker.entries import (
     INPUTS,
     META,
@@ -52,7 +52,7 @@ from tasks.worker.entries import (
     write_manifest,
 )
 from tasks.worker.forks import EXPORT_SERVER, bench_server, imported_since_fork
-from tasks.worker.fresh import in_fresh_process
+from tasks.worker.fresh import failed, in_fresh_process
 
 # What this process has run: a benchmark reports it, so a test can prove no benchmark
 # shares a process with an export or another benchmark.
@@ -187,12 +187,29 @@ def fork_servers(formats: Iterable[str], runtimes: Iterable[str]) -> dict[str, t
 
 
 def bench_in_fresh_process(spec: BenchSpec, timeout_s: float | None = None, forks: str | None = None) -> BenchResult:
-    return in_fresh_process(bench_job, spec, timeout_s, "benchmark", forks)
+    result, facts = _in_env(bench_job, spec, timeout_s, "benchmark", forks, spec.export_dir)
+    result.params.update(facts)
+    return result
 
 
 def export_in_fresh_process(spec: ExportSpec, timeout_s: float | None = None, forks: str | None = None) -> ExportResult:
     """A crashing exporter fails its entry, not the worker."""
-    return in_fresh_process(export_job, spec, timeout_s, "export", forks)
+    result, facts = _in_env(export_job, spec, timeout_s, "export", forks, spec.out_dir)
+    result.details.update(facts)
+    return result
+
+
+def _in_env(fn: Any, spec: Any, timeout_s: float | None, stage: str, forks: str | None, entry: str) -> tuple[Any, dict[str, Any]]:
+    """fn(spec) in a fresh process, and what its environment cost. With env.pip, its libraries
+    made (or found) on this node beside the export cache's `entry` and first on the child's
+    import path; the child is spawned, since a fork server holds the driver's libraries."""
+    if not spec.env.pip:
+        return in_fresh_process(fn, spec, timeout_s, stage, forks), {}
+    try:
+        built = envs.ensure(spec.env, entry)
+    except envs.EnvError as e:
+        return failed(spec, Failure(stage, str(e))), {}
+    return in_fresh_process(fn, spec, timeout_s, stage, None, (built.site,)), envs.facts(built)
 
 
 def bench_job(spec: BenchSpec) -> BenchResult:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import random
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -27,7 +26,9 @@ from tasks.measure.latency import median_ci_ranks
 from tasks.measure.machine import benchmark_cores, die_with_parent
 from tasks.runtimes import runtime_module
 from tasks.specs import BenchSpec, Failure
+from tasks.worker import envs
 from tasks.worker.entries import load_export
+from tasks.worker.fresh import importing_from
 
 SIDES = ("baseline", "candidate")
 
@@ -52,8 +53,9 @@ class PairSpec:
     baseline: BenchSpec
     candidate: BenchSpec
     options: PairOptions = field(default_factory=PairOptions)
-    # side -> folders put first on its process's import path before its runtime loads: a side's
-    # own checkout of an out-of-tree runtime (orchestrator.bisect times two commits of one module)
+    # side -> folders put first on its process's import path: a side's own checkout of an
+    # out-of-tree runtime (orchestrator.bisect times two commits of one module); a side's env.pip
+    # environment goes before them (two library versions timed interleaved)
     paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
@@ -87,10 +89,10 @@ def decided(ci: tuple[float, float], min_effect: float) -> bool:
     return side(ci, *band(min_effect)) != "across"
 
 
-def _side_main(conn: Any, spec: BenchSpec, path: tuple[str, ...] = ()) -> None:
-    """A side's process: load, first call, warm-up, then time blocks on request."""
+def _side_main(conn: Any, spec: BenchSpec) -> None:
+    """A side's process (its folders first on its import path from its start): load, first
+    call, warm-up, then time blocks on request."""
     die_with_parent()
-    sys.path[:0] = path
     try:
         benchmark_cores(spec.device, spec.bench.threads)  # pinned before loading: thread pools inherit it
         meta, feeds, _ = load_export(spec.export_dir)
@@ -121,8 +123,9 @@ class _Side:
         ctx = multiprocessing.get_context("spawn")
         self.role, self.conn = role, None
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_side_main, args=(child, spec, path), name=f"phasesweep-pair-{role}")
-        self.proc.start()
+        self.proc = ctx.Process(target=_side_main, args=(child, spec), name=f"phasesweep-pair-{role}")
+        with importing_from(path):  # spawn copies sys.path: the side imports its own libraries from the start
+            self.proc.start()
         child.close()
         self.conn = parent
         try:
@@ -160,6 +163,11 @@ class _Side:
             self.proc.join(5)
 
 
+def env_site(bench: BenchSpec) -> tuple[str, ...]:
+    """The side's env.pip environment, made or found on this node: its folder; () for none."""
+    return (envs.ensure(bench.env, bench.export_dir).site,) if bench.env.pip else ()
+
+
 def paired_job(spec: PairSpec) -> PairResult:
     """The interleaved measurement of spec.baseline and spec.candidate; never raises for the
     sides' own failures (the result's `failure` says which side and why)."""
@@ -168,7 +176,8 @@ def paired_job(spec: PairSpec) -> PairResult:
     sides: dict[str, _Side] = {}
     try:
         for role, bench in zip(SIDES, (spec.baseline, spec.candidate), strict=True):
-            sides[role] = _Side(role, bench, opts.load_timeout_s, spec.paths.get(role, ()))  # one at a time: loads never overlap
+            path = (*env_site(bench), *spec.paths.get(role, ()))
+            sides[role] = _Side(role, bench, opts.load_timeout_s, path)  # one at a time: loads never overlap
         for role, side in sides.items():
             calls = round(opts.block_seconds * 1e9 / max(side.median_ns, 1.0))
             result.calls_per_block[role] = max(opts.block_calls, min(10_000, calls))

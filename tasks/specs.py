@@ -7,6 +7,7 @@ workers and read well in a notebook.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,6 +139,51 @@ class PhaseSpec:
     inputs: str | None = None  # the .npz of its recorded inputs, named by their content digest
 
 
+# env.pip: exact pins only (NAME==VERSION), so an environment is one set of versions, keyed and
+# rebuilt the same on every node (tasks/worker/envs.py)
+PIN = re.compile(r"^([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
+
+
+def check_pins(key: str, value: Any) -> tuple[str, ...]:
+    """`value` (null, one `NAME==VERSION` string or a list of them) as its sorted pins, or a
+    ConfigError naming the key, the value and the form allowed."""
+    items = [] if value is None else [value] if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) and PIN.match(i.strip()) for i in items):
+        raise ConfigError(
+            f"{key}={value!r} is not allowed; give exact pins NAME==VERSION, one or a list "
+            f"(e.g. {key}='\"onnxruntime==1.30.0\"' or {key}='[\"onnxruntime==1.30.0\",\"onnx==1.19.0\"]'), or null"
+        )
+    pins = sorted(i.strip() for i in items)
+    names = [dist_name(PIN.match(p).group(1)) for p in pins]
+    if len(set(names)) < len(names):
+        raise ConfigError(f"{key}={value!r} pins one library twice; give each NAME once")
+    if OWN_DIST in names:
+        raise ConfigError(f"{key}={value!r} pins phasesweep itself; pin the libraries it runs with")
+    return tuple(pins)
+
+
+def dist_name(name: str) -> str:
+    """A distribution's name as pip compares them (PEP 503): onnx_runtime, ONNX.Runtime -> onnx-runtime."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+OWN_DIST = "phasesweep"
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """The libraries a variant runs with instead of the driver's (env.pip): exact pins,
+    installed once per node beside the export cache and put first on the import path of the
+    variant's export and benchmark processes (tasks/worker/envs.py). Empty: the driver's own."""
+
+    pip: tuple[str, ...] = ()
+
+    @property
+    def tag(self) -> str:
+        """What a variant's name ends with: `_onnxruntime-1.30.0` per pin; "" for none."""
+        return "".join(f"_{p.replace('==', '-')}" for p in self.pip)
+
+
 @dataclass(frozen=True)
 class CaptureSpec:
     """Run an application on the model and record its calls (tasks/phases/_capture.py)."""
@@ -183,6 +229,7 @@ class ExportSpec:
     out_dir: str  # the export cache entry this job fills
     options: dict[str, Any] = field(default_factory=dict)  # the format's typed Options, as a dict
     quality: QualitySpec | None = None  # None: no quality inputs (bench.quality=false)
+    env: EnvSpec = field(default_factory=EnvSpec)  # the libraries it is made with (env.pip)
 
 
 @dataclass(frozen=True)
@@ -215,6 +262,7 @@ class BenchSpec:
     bench: BenchOptions = field(default_factory=BenchOptions)
     runtime_options: dict[str, Any] = field(default_factory=dict)  # the runtime's typed Options, as a dict
     peak_bandwidth_gbs: float | None = None  # device memory peak; None: looked up by GPU name
+    env: EnvSpec = field(default_factory=EnvSpec)  # the libraries it runs with (env.pip)
 
 
 @dataclass

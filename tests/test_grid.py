@@ -133,7 +133,7 @@ def test_max_variants_counts_variants_not_jobs(plan_grid):
         (
             {"exclude": [{"bakend": "eager"}]},
             "hydra.launcher.exclude[0]: bakend is not a known key; allowed keys: model, phase, backend, device, or a "
-            "dotted key of model.*, phase.*, backend.*, device.*, bench.* (e.g. phase.context_len)",
+            "dotted key of model.*, phase.*, backend.*, device.*, bench.*, env.* (e.g. phase.context_len)",
         ),
         (
             {"exclude": [{"backend": "executorh"}]},

@@ -16,8 +16,10 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig
 
+from orchestrator.plan import checks
 from orchestrator.plan.checks import EXPERIMENT_NAME_MAX, baseline_last, check_bench, fraction, safe_name, typed
 from orchestrator.plan.convert import merged, plain_object
+from orchestrator.plan.env import EnvCfg
 from tasks.export import format_module
 from tasks.model.checkpoint import read_checkpoint
 from tasks.model.families import FAMILIES, check_attention, graph_scalings, model_dims
@@ -186,6 +188,7 @@ class SweepPoint:
     bench: BenchOptions
     tracking: TrackingCfg
     cluster: ClusterCfg
+    env: EnvCfg = field(default_factory=EnvCfg)
     arch: dict[str, Any] = field(default_factory=dict)
     parameters: int | None = None  # a checkpoint's, counted from its tensors; None: estimated from arch
 
@@ -198,12 +201,16 @@ _SCHEMAS = {
     "bench": BenchOptions,
     "tracking": TrackingCfg,
     "cluster": ClusterCfg,
+    "env": EnvCfg,
 }
+_OPTIONAL = frozenset({"env"})  # a config may lack it (a run's config.yaml from before it existed): its defaults
 
 
 def _section(sections: Sections, idx: int, key: str) -> Any:
     """Job idx's group `key` as its schema's dataclass: made from its plain content where that
     is exactly what OmegaConf makes, else by OmegaConf, whose errors name the key and value."""
+    if key in _OPTIONAL and key not in sections.top_keys(idx):
+        return _SCHEMAS[key]()
     plain = sections.plain_section(idx, key)
     obj = plain_object(_SCHEMAS[key], plain) if plain is not None else None
     return obj if obj is not None else merged(sections.read_section(idx, key), key, _SCHEMAS[key])
@@ -217,6 +224,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "bench": check_bench,
     "cluster": ClusterCfg.check,
     "tracking": TrackingCfg.check,
+    "env": EnvCfg.check,
 }
 
 
@@ -379,7 +387,7 @@ def validate_all(configs: Sequence[DictConfig], overrides: list[list[str]]) -> l
         except ConfigError as e:
             errors.setdefault(str(e), []).append(idx)
     if errors:
-        lines = [msg + _jobs_text(jobs, overrides, len(configs)) for msg, jobs in errors.items()]
+        lines = [msg + checks.jobs_text(jobs, overrides, len(configs)) for msg, jobs in errors.items()]
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
     for group in ("tracking", "cluster"):  # one sweep is one MLflow parent run on one Ray
         values = {repr(v) for v in {id(getattr(p, group)): getattr(p, group) for p in points}.values()}
@@ -390,10 +398,3 @@ def validate_all(configs: Sequence[DictConfig], overrides: list[list[str]]) -> l
             )
     return points
 
-
-def _jobs_text(jobs: list[int], overrides: list[list[str]], total: int, shown: int = 3) -> str:
-    if total == 1:
-        return ""
-    listed = ", ".join(f"#{j} ({' '.join(overrides[j])})" for j in jobs[:shown])
-    more = f" and {len(jobs) - shown} more" if len(jobs) > shown else ""
-    return f"  [{len(jobs)} of {total} jobs: {listed}{more}]"

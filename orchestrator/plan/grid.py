@@ -14,7 +14,18 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from orchestrator.plan.config import BackendCfg, DeviceCfg
-from tasks.specs import ATTENTIONS, DEVICES, DTYPES, KV_CACHES, QUANTS, BenchOptions, ConfigError, ModelSpec, PhaseSpec
+from tasks.specs import (
+    ATTENTIONS,
+    DEVICES,
+    DTYPES,
+    KV_CACHES,
+    QUANTS,
+    BenchOptions,
+    ConfigError,
+    EnvSpec,
+    ModelSpec,
+    PhaseSpec,
+)
 
 # a group key stands for its option's name
 GROUP_KEYS = {"model": "model.name", "phase": "phase.name", "backend": "backend.name", "device": "device.name"}
@@ -25,6 +36,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "backend": tuple(f.name for f in fields(BackendCfg)),
     "device": tuple(f.name for f in fields(DeviceCfg)),
     "bench": tuple(f.name for f in fields(BenchOptions)),
+    "env": tuple(f.name for f in fields(EnvSpec)),  # env.pip, a param only where set
 }
 DICT_FIELDS = {"model.arch", "backend.options", "backend.export_options", "device.resources"}
 # keys whose values are a fixed set

@@ -137,6 +137,7 @@ def bench_spec(name: str, v: Variant, export_dir: str) -> BenchSpec:
         bench=v.bench,
         runtime_options=dict(v.backend.options),
         peak_bandwidth_gbs=v.device.peak_bandwidth_gbs,
+        env=v.env,
     )
 
 
@@ -150,6 +151,7 @@ def export_spec(v: Variant, out_dir: str) -> ExportSpec:
         out_dir=out_dir,
         options=dict(v.backend.export_options),
         quality=quality_spec(v.bench),
+        env=v.env,
     )
 
 

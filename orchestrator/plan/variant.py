@@ -16,7 +16,7 @@ from tasks.export import format_module
 from tasks.model.families import estimated_parameters
 from tasks.phases import label
 from tasks.runtimes import runtime_module
-from tasks.specs import DTYPE_BYTES, GROUPED_QUANTS, BenchOptions, ModelSpec, PhaseSpec, QualitySpec
+from tasks.specs import DTYPE_BYTES, GROUPED_QUANTS, BenchOptions, EnvSpec, ModelSpec, PhaseSpec, QualitySpec
 
 TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"  # orchestrator/plan/variant.py -> the repository's tasks/
 
@@ -111,11 +111,13 @@ def _export_texts(backend: BackendCfg) -> dict[str, str]:
     }
 
 
-def _export_key(model: str, phase: str, backend: dict[str, str], quality: str) -> str:
+def _export_key(model: str, phase: str, backend: dict[str, str], quality: str, env: EnvSpec) -> str:
     """Variant.export_key from its parts' JSON texts: the model's _model_identity, the phase's
     fields, the backend's _export_texts, the bench's _quality_identity (its inputs and
-    reference are in the entry)."""
-    return _digest_texts({**backend, "model": model, "phase": phase, "quality": quality})
+    reference are in the entry), and env.pip's pins when set (the driver's versions are in
+    _export_texts; an export made with other libraries is another entry)."""
+    pins = {"env": _json(list(env.pip))} if env.pip else {}
+    return _digest_texts({**backend, "model": model, "phase": phase, "quality": quality, **pins})
 
 
 def _json(obj: Any) -> str:
@@ -157,11 +159,16 @@ def _fields(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
-PREFIXES = ("model.", "phase.", "backend.", "device.", "bench.")  # a variant's parts, as its params name them
+PREFIXES = ("model.", "phase.", "backend.", "device.", "bench.", "env.")  # a variant's parts, as its params name them
 
 
 def _parts(v: Variant) -> tuple[Any, ...]:
-    return (v.model, v.phase, v.backend, v.device, v.bench)
+    return (v.model, v.phase, v.backend, v.device, v.bench, v.env)
+
+
+def _env_params(env: EnvSpec) -> dict[str, Any]:
+    """env.pip as a param (its pins' JSON list) when set; the driver's own environment adds none."""
+    return flatten(_fields(env), "env.") if env.pip else {}
 
 
 class Memo:
@@ -177,6 +184,7 @@ class Memo:
         self._export_keys: dict[tuple[int, ...], tuple[tuple[Any, ...], str]] = {}
         self._digests: dict[int, tuple[Any, str]] = {}
         self._texts: dict[int, tuple[Any, Any]] = {}  # part id -> (the part, what its export key reads of it)
+        self._envs: dict[int, tuple[Any, EnvSpec]] = {}  # env group id -> (the group, its spec)
 
     def _flatten(self, obj: Any, prefix: str) -> dict[str, Any]:
         if id(obj) not in self._flat:
@@ -184,6 +192,8 @@ class Memo:
                 model = _fields(obj)
                 arch = model.pop("arch")
                 flat = {**flatten(model, "model."), **flatten(arch, "model.arch.")}
+            elif prefix == "env.":
+                flat = _env_params(obj)
             else:
                 flat = flatten(_fields(obj), prefix)
             self._flat[id(obj)] = (obj, flat)
@@ -196,7 +206,7 @@ class Memo:
         for part, prefix in zip(parts, PREFIXES, strict=True):
             params.update(self._flatten(part, prefix))
         v.__dict__["params"] = params
-        key = (id(v.model), id(v.phase), id(v.backend), id(v.bench))  # bench: its quality settings
+        key = (id(v.model), id(v.phase), id(v.backend), id(v.bench), id(v.env))  # bench: its quality settings
         if key not in self._export_keys:
             texts = (
                 self._text(v.model, lambda m: _json(_model_identity(m))),
@@ -204,9 +214,15 @@ class Memo:
                 self._text(v.backend, _export_texts),
                 self._text(v.bench, lambda b: _json(_quality_identity(b))),
             )
-            self._export_keys[key] = ((*parts[:3], parts[4]), _export_key(*texts))
+            self._export_keys[key] = ((*parts[:3], *parts[4:]), _export_key(*texts, v.env))
         v.__dict__["export_key"] = self._export_keys[key][1]
         return v
+
+    def env(self, cfg: Any) -> EnvSpec:
+        """The point's env group as its spec, one object per distinct group object."""
+        if id(cfg) not in self._envs:
+            self._envs[id(cfg)] = (cfg, cfg.spec())
+        return self._envs[id(cfg)][1]
 
     def _text(self, part: Any, make: Callable[[Any], Any]) -> Any:
         """What `make` gives for `part`, made once per part object."""
@@ -234,6 +250,7 @@ class Variant:
     bench: BenchOptions
     overrides: tuple[str, ...] = ()
     weight_bytes: int = 0  # estimated from the architecture: memory requests, never the model
+    env: EnvSpec = EnvSpec()  # env.pip: the libraries it runs with instead of the driver's
 
     @staticmethod
     def memo() -> Memo:
@@ -244,7 +261,7 @@ class Variant:
         m = point.model
         if memo is not None and id(m) in memo.models:
             _, model, weight_bytes = memo.models[id(m)]
-            return cls(model, point.phase, point.backend, point.device, point.bench, tuple(overrides), weight_bytes)
+            return cls(model, point.phase, point.backend, point.device, point.bench, tuple(overrides), weight_bytes, memo.env(point.env))
         model = ModelSpec(
             name=m.name,
             family=m.family,
@@ -263,7 +280,8 @@ class Variant:
         weight_bytes = (point.parameters or estimated_parameters(m.family, point.arch)) * DTYPE_BYTES[m.dtype]
         if memo is not None:
             memo.models[id(m)] = (m, model, weight_bytes)
-        return cls(model, point.phase, point.backend, point.device, point.bench, tuple(overrides), weight_bytes)
+        env = memo.env(point.env) if memo is not None else point.env.spec()
+        return cls(model, point.phase, point.backend, point.device, point.bench, tuple(overrides), weight_bytes, env)
 
     @property
     def base_name(self) -> str:
@@ -271,7 +289,7 @@ class Variant:
         if text := _name_tag(self.backend.export_format)(self.backend.export_options):
             if not backend.endswith(f"_{text}"):  # backend=onnxruntime_genai says it already
                 backend += f"_{text}"  # e.g. onnxruntime_genai: an export option that makes another artifact
-        return f"{self.model.name}_{label(self.phase)}_{backend}_{self.device.name}{quant_tag(self.model)}"
+        return f"{self.model.name}_{label(self.phase)}_{backend}_{self.device.name}{quant_tag(self.model)}{self.env.tag}"
 
     @cached_property
     def params(self) -> dict[str, Any]:
@@ -285,11 +303,12 @@ class Variant:
             **flatten(_fields(self.backend), "backend."),
             **flatten(_fields(self.device), "device."),
             **flatten(_fields(self.bench), "bench."),
+            **_env_params(self.env),
         }
 
-    # the base name's four and the quantisation it ends with (quant_tag)
+    # the base name's four, the quantisation it ends with (quant_tag) and its env.pip pins (EnvSpec.tag)
     BASE_NAME_KEYS = frozenset(
-        {"model.name", "phase.name", "backend.name", "device.name", "model.quant", "model.quant_group"}
+        {"model.name", "phase.name", "backend.name", "device.name", "model.quant", "model.quant_group", "env.pip"}
     )
 
     @staticmethod
@@ -309,6 +328,7 @@ class Variant:
             _json(asdict(self.phase)),
             _export_texts(self.backend),
             _json(_quality_identity(self.bench)),
+            self.env,
         )
 
     @cached_property
@@ -322,6 +342,7 @@ class Variant:
                 "device": asdict(self.device),
                 "bench": asdict(self.bench),
                 "versions": {lib: _version(lib) for lib in runtime_module(self.backend.runtime).LIBRARIES},
+                **({"env": list(self.env.pip)} if self.env.pip else {}),  # the driver's versions above are not the env's
             }
         )
 

@@ -21,20 +21,27 @@ def quality_changes(base_runs: Mapping[str, Any], cand_runs: Mapping[str, Any]) 
     both sweeps measured quality for."""
     out = {}
     for name in sorted(set(base_runs) & set(cand_runs)):
-        b, c = base_runs[name].data.metrics, cand_runs[name].data.metrics
-        if "quality_top1" not in b or "quality_top1" not in c:
-            continue
-        row: dict[str, Any] = {"top1_baseline": b["quality_top1"], "top1_candidate": c["quality_top1"]}
-        row["top1_change"] = c["quality_top1"] - b["quality_top1"]
-        row["kl_baseline"], row["kl_candidate"] = b.get("quality_kl"), c.get("quality_kl")
-        if "quality_ppl_increase" in b and "quality_ppl_increase" in c:
-            row["ppl_increase_baseline"], row["ppl_increase_candidate"] = b["quality_ppl_increase"], c["quality_ppl_increase"]
-            row["ppl_increase_change"] = c["quality_ppl_increase"] - b["quality_ppl_increase"]
-            row["lost"] = row["ppl_increase_change"] > PPL_LOSS
-        else:
-            row["lost"] = row["top1_change"] < -TOP1_LOSS
-        out[name] = row
+        row = quality_change(base_runs[name].data.metrics, cand_runs[name].data.metrics)
+        if row is not None:
+            out[name] = row
     return out
+
+
+def quality_change(b: Mapping[str, float], c: Mapping[str, float]) -> dict[str, Any] | None:
+    """The quality in the baseline's metrics `b` and the candidate's `c`, the change and whether
+    it is a loss; None unless both measured it."""
+    if "quality_top1" not in b or "quality_top1" not in c:
+        return None
+    row: dict[str, Any] = {"top1_baseline": b["quality_top1"], "top1_candidate": c["quality_top1"]}
+    row["top1_change"] = c["quality_top1"] - b["quality_top1"]
+    row["kl_baseline"], row["kl_candidate"] = b.get("quality_kl"), c.get("quality_kl")
+    if "quality_ppl_increase" in b and "quality_ppl_increase" in c:
+        row["ppl_increase_baseline"], row["ppl_increase_candidate"] = b["quality_ppl_increase"], c["quality_ppl_increase"]
+        row["ppl_increase_change"] = c["quality_ppl_increase"] - b["quality_ppl_increase"]
+        row["lost"] = row["ppl_increase_change"] > PPL_LOSS
+    else:
+        row["lost"] = row["top1_change"] < -TOP1_LOSS
+    return row
 
 
 def quality_cell(row: dict[str, Any] | None, verdict: str) -> str:

@@ -1,5 +1,6 @@
 """A bisect's search in MLflow (orchestrator.bisect): one run for the search (its settings,
-the ratio at each step as a step metric, the verdict), one child run per commit measured."""
+the ratio at each step as a step metric, the verdict), one child run per commit (or
+version, --pip) measured."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from orchestrator.record.store import quick_http, resolve_uri
 
 
 class BisectRuns:
-    def __init__(self, tracking: Any, name: str, params: dict[str, Any]):
+    def __init__(self, tracking: Any, name: str, params: dict[str, Any], axis: str = "commit"):
         quick_http()
         from mlflow.tracking import MlflowClient  # lazy: mlflow loads once a search starts, not for --help
 
@@ -18,7 +19,7 @@ class BisectRuns:
         exp = self.client.get_experiment_by_name(tracking.experiment)
         self.experiment = exp.experiment_id if exp else self.client.create_experiment(tracking.experiment)
         run = self.client.create_run(self.experiment, run_name=name, tags={"phasesweep.role": "bisect"})
-        self.run_id = run.info.run_id
+        self.run_id, self.axis = run.info.run_id, axis  # axis: what the search steps over, "commit" or "version"
         for key, value in params.items():
             self.client.log_param(self.run_id, key, str(value)[:6000])
 
@@ -26,7 +27,7 @@ class BisectRuns:
         """Commit `sha` judged `verdict` at step `number` (the first: an end checked)."""
         tags = {
             "mlflow.parentRunId": self.run_id, "phasesweep.role": "bisect_step",
-            "commit": sha, "subject": subject[:500], "verdict": verdict, "detail": detail[:5000],
+            self.axis: sha, "subject": subject[:500], "verdict": verdict, "detail": detail[:5000],
         }
         child = self.client.create_run(self.experiment, run_name=f"step {number} {sha[:10]}", tags=tags)
         now = int(time.time() * 1000)
@@ -42,6 +43,6 @@ class BisectRuns:
 
     def finish(self, verdict: str, first_bad: str | None, suspects: list[str], ok: bool) -> None:
         self.client.set_tag(self.run_id, "verdict", verdict[:5000])
-        self.client.set_tag(self.run_id, "first_bad_commit", first_bad or "")
+        self.client.set_tag(self.run_id, f"first_bad_{self.axis}", first_bad or "")
         self.client.set_tag(self.run_id, "suspects", " ".join(suspects)[:5000])
         self.client.set_terminated(self.run_id, "FINISHED" if ok else "FAILED")

@@ -30,6 +30,7 @@ from orchestrator.run.scheduler import Scheduler, beside
 from tasks.measure.bench import pool_repeats
 from tasks.paired import PairOptions, PairSpec
 from tasks.specs import BenchResult, ExportResult, Failure
+from tasks.worker.envs import said
 
 HEARTBEAT_S = 30.0  # how often the sweep's run is told its driver is alive
 HEARTBEAT_TIMEOUT_S = 600.0  # a run whose driver (on another host) was silent this long is closed
@@ -235,7 +236,7 @@ class SweepRun:
             pv = self.plan.variant(name)
             for r in range(pv.bench.bench.repeats):  # each in a fresh process; the scheduler interleaves them
                 self.sched.submit("bench", f"{name}#{r}", pv.bench, pv.request)
-            say(f"  exported  {name:<44} {result.export_seconds:6.1f}s {'(cache hit)' if result.cache_hit else ''}")
+            say(f"  exported  {name:<44} {result.export_seconds:6.1f}s {'(cache hit)' if result.cache_hit else ''}{said(result.details)}")
 
     def log_model(self, key: str, export: ExportResult) -> dict[str, str]:
         """The exported model, once on the sweep's run however many variants use it."""
@@ -284,7 +285,7 @@ class SweepRun:
             name,
             Status.OK,
             f"  measured  {name:<44} {o.metrics['latency_ms_median']:8.3f} ms median, parity "
-            f"{parity_value(o.metrics)}{'  UNSTABLE' if o.unstable else ''}",
+            f"{parity_value(o.metrics)}{'  UNSTABLE' if o.unstable else ''}{said(result.params)}",
         )
 
     def fail(self, o: Outcome, failure: Failure) -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import signal
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from tasks.measure.machine import die_with_parent
@@ -15,11 +17,26 @@ from tasks.specs import BenchResult, CaptureResult, CaptureSpec, ExportResult, E
 from tasks.worker import forks as fork_server
 
 
+@contextmanager
+def importing_from(paths: Sequence[str]) -> Iterator[None]:
+    """`paths` first on this process's import path while inside: a process spawned meanwhile
+    starts with it (multiprocessing's spawn copies sys.path), so it imports their modules."""
+    saved = list(sys.path)
+    sys.path[:0] = list(paths)
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
 def in_fresh_process(
-    fn: Callable[[Any], Any], spec: Any, timeout_s: float | None, stage: str, forks: str | None = None
+    fn: Callable[[Any], Any], spec: Any, timeout_s: float | None, stage: str, forks: str | None = None,
+    paths: Sequence[str] = (),
 ) -> Any:
-    """`forks`: the folder of the fork server to fork from; None, or none listening: spawned."""
-    if forks is not None:
+    """`forks`: the folder of the fork server to fork from; None, or none listening: spawned.
+    `paths`: folders first on the child's import path from its start (it is spawned then: a
+    fork server's modules are already imported)."""
+    if forks is not None and not paths:
         try:
             conn = fork_server.connect(forks)
         except (fork_server.ForkServerError, OSError) as e:
@@ -30,7 +47,8 @@ def in_fresh_process(
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child_main, args=(send, fn, spec), name=f"phasesweep-{stage}")
-    child.start()
+    with importing_from(paths):
+        child.start()
     send.close()
     try:
         if not receive.poll(timeout_s):
@@ -68,13 +86,13 @@ def _ended(spec: Any, stage: str, timeout_s: float | None, kind: str, value: Any
     if kind == "result":
         return value
     if kind == "timeout":
-        return _failed(spec, Failure(stage, f"timed out after {timeout_s:g}s of its own run (cluster.task_timeout_s)"))
+        return failed(spec, Failure(stage, f"timed out after {timeout_s:g}s of its own run (cluster.task_timeout_s)"))
     if kind == "lost":
-        return _failed(spec, Failure(stage, f"the fork server of the {stage} process ended before its result came"))
-    return _failed(spec, Failure(stage, f"the {stage} process died: {_death(value)}"))
+        return failed(spec, Failure(stage, f"the fork server of the {stage} process ended before its result came"))
+    return failed(spec, Failure(stage, f"the {stage} process died: {_death(value)}"))
 
 
-def _failed(spec: Any, failure: Failure) -> ExportResult | BenchResult | CaptureResult:
+def failed(spec: Any, failure: Failure) -> ExportResult | BenchResult | CaptureResult:
     if isinstance(spec, ExportSpec):
         return ExportResult(key=spec.key, out_dir=spec.out_dir, ok=False, failure=failure)
     if isinstance(spec, CaptureSpec):
