@@ -120,11 +120,13 @@ def _timings(runs: list[tuple[int, int, list[tuple[int, int, bool]]]]) -> tuple[
     if gaps:
         p10, p50, p90 = (float(q) for q in np.percentile(gaps, [10, 50, 90]) / 1e6)
         out.update(app_inter_token_ms_median=p50, app_inter_token_ms_p10=p10, app_inter_token_ms_p90=p90)
+        out["app_inter_token_ms_mean"] = float(np.mean(gaps)) / 1e6  # what a generation's TPOT averages
         out["app_decode_tokens_per_s"] = 1e3 / p50
     if prefill:
         out["app_prefill_forward_ms_median"] = float(np.median(prefill)) / 1e6
     if decode:
         out["app_decode_forward_ms_median"] = float(np.median(decode)) / 1e6
+        out["app_decode_forward_ms_mean"] = float(np.mean(decode)) / 1e6
     return out, [int(g) for g in gaps]
 
 

@@ -1,0 +1,115 @@
+"""The whole-generation view (orchestrator/read/generation.py): its arithmetic on synthetic
+series, its block in the sweep's summary and on the sweep's run, its plot, and a captured
+application's measured loop beside it (orchestrator/read/generation_app.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from orchestrator.common.outcome import Outcome, Status
+from orchestrator.read.generation import generation_text, generations, interpolate, percentile, predict, step_times
+from orchestrator.read.generation_app import AppLoop, app_rows
+from orchestrator.read.generation_plot import generation_plot
+from orchestrator.read.plots import GENERATION, make_plots, plot_rows
+
+
+def test_interpolation_is_linear_between_depths_and_flat_beyond():
+    pts = [(128, 1.0), (512, 3.0), (1024, 4.0)]
+    assert interpolate(pts, 320) == pytest.approx(2.0)
+    assert interpolate(pts, 768) == pytest.approx(3.5)
+    assert interpolate(pts, 512) == 3.0
+    assert interpolate(pts, 64) == 1.0 and interpolate(pts, 4096) == 4.0
+
+
+@pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])
+def test_percentile_is_numpys_linear_one(q):
+    values = list(np.random.default_rng(0).gamma(2.0, 1.0, 37))
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_a_generation_steps_once_per_token_after_the_first_at_depths_p_onwards():
+    """N tokens: the first is the prefill's; N-1 decode steps at depths P .. P+N-2."""
+    pts = [(100, 1.0), (200, 2.0)]  # 1 ms at depth 100, +0.01 ms a position
+    steps = step_times(pts, 100, 101)
+    assert len(steps) == 100 and steps[0] == 1.0 and steps[-1] == pytest.approx(1.99)
+    got = predict(10.0, pts, 100, 101, batch=2)
+    assert got["ttft_ms"] == 10.0
+    assert got["tpot_ms_mean"] == pytest.approx(1.495)
+    assert got["tpot_ms_p90"] == pytest.approx(float(np.percentile(steps, 90)))
+    assert got["e2e_ms"] == pytest.approx(10.0 + 149.5)
+    assert got["tokens_per_s"] == pytest.approx(2 * 101 / 159.5 * 1e3)
+    assert predict(10.0, pts, 100, 1)["e2e_ms"] == 10.0  # one token: the prefill alone
+    with pytest.raises(ValueError, match="new_tokens"):
+        predict(10.0, pts, 100, 0)
+
+
+def outcome(name: str, phase: str, backend: str, median: float, series: list[tuple[int, float]] = ()) -> Outcome:
+    o = Outcome(name, Status.OK, axes={"model": "llama", "phase": phase, "backend": backend, "device": "cpu"})
+    o.metrics = {"latency_ms_median": median}
+    o.series = {"depth_latency_ms_median": list(series)} if series else {}
+    return o
+
+
+def sweep_rows() -> list[dict]:
+    """prefill P=128 and decode depths 128..1024 on two backends (one decode with a depth series,
+    the other measured as separate variants at two contexts), one failed, one lone decode."""
+    outs = [
+        outcome("llama_prefill_onnxruntime_cpu", "prefill", "onnxruntime", 5.0),
+        outcome("llama_decode_onnxruntime_cpu", "decode", "onnxruntime", 1.0, [(128, 1.0), (512, 1.5), (1024, 2.0)]),
+        outcome("llama_prefill_executorch_cpu", "prefill", "executorch", 4.0),
+        outcome("llama_decode_executorch_cpu_ctx128", "decode", "executorch", 1.2),
+        outcome("llama_decode_executorch_cpu_ctx1024", "decode", "executorch", 1.4),
+        outcome("llama_decode_eager_cpu", "decode", "eager", 3.0),  # no prefill beside it: no generation
+    ]
+    failed = replace(outcome("llama_prefill_compile_cpu", "prefill", "compile", 1.0), status=Status.FAILED)
+    params = {o.name: {"phase.batch": 1, "phase.prompt_len": 128 if o.axes["phase"] == "prefill" else None} for o in outs}
+    for o in outs:
+        if "_ctx" in o.name:
+            params[o.name]["phase.context_len"] = int(o.name.rsplit("ctx", 1)[1])
+    params["llama_decode_onnxruntime_cpu"]["phase.context_len"] = 128
+    params["llama_decode_eager_cpu"]["phase.context_len"] = 128
+    return plot_rows([*outs, failed], params)
+
+
+def test_each_prefill_meets_its_backends_decode_and_the_summary_says_so():
+    gens = {g.backend: g for g in generations(sweep_rows())}
+    assert set(gens) == {"onnxruntime", "executorch"}
+    ort, et = gens["onnxruntime"], gens["executorch"]
+    assert ort.prompt == et.prompt == 128 and ort.new_tokens == et.new_tokens == 1024 - 128 + 2
+    assert ort.depths == (128, 512, 1024) and et.depths == (128, 1024)
+    assert et.decode == ("llama_decode_executorch_cpu_ctx1024", "llama_decode_executorch_cpu_ctx128")
+    assert ort.ttft_ms == 5.0 and et.tpot_ms_mean == pytest.approx(1.3)  # linear 1.2 -> 1.4 over the steps
+    assert ort.tpot_ms_p90 > ort.tpot_ms_mean and not ort.extrapolated
+    text = generation_text(list(gens.values()))
+    assert text.startswith("Whole generation, predicted") and "B1 P128 N898" in text
+    assert generation_text([]) == ""
+
+
+def test_a_decode_shallower_than_the_prompt_makes_no_generation():
+    rows = [r for r in sweep_rows() if r["backend"] == "executorch"]
+    rows[0]["params"]["phase.prompt_len"] = "2048"  # as MLflow reads params back: text
+    assert generations(rows) == []
+
+
+def test_the_plot_draws_ttft_and_tpot_bars_only_when_there_is_a_generation(tmp_path):
+    rows = sweep_rows()
+    drawn = make_plots(rows, tmp_path)
+    assert tmp_path / GENERATION in drawn and (tmp_path / GENERATION).stat().st_size > 10_000
+    assert not generation_plot([r for r in rows if r["phase"] == "decode"], tmp_path / "none.png")
+
+
+def test_a_captured_application_is_compared_forward_to_forward_and_loop_to_loop():
+    gens = generations(sweep_rows())
+    timings = {"app_ttft_ms": 7.0, "app_inter_token_ms_mean": 2.5, "app_prefill_forward_ms_median": 5.5, "app_decode_forward_ms_mean": 1.2}
+    loop = AppLoop.of("llama", {"llama_prefill_onnxruntime_cpu", "llama_decode_onnxruntime_cpu"}, timings)
+    rows = {r["figure"]: r for r in app_rows(gens, [loop])}  # the onnxruntime generation only: the capture's variants
+    assert set(rows) == {"TTFT fwd", "TPOT fwd", "TTFT loop", "TPOT loop"}
+    ort = next(g for g in gens if g.backend == "onnxruntime")
+    assert rows["TTFT fwd"]["ratio"] == pytest.approx(5.0 / 5.5, abs=1e-3) and rows["TTFT fwd"]["verdict"] == "within 10%"
+    assert rows["TTFT loop"]["predicted_ms"] == pytest.approx(5.0 + 1.5)  # the app's 1.5 ms outside its prefill added
+    assert rows["TPOT loop"]["predicted_ms"] == pytest.approx(ort.tpot_ms_mean + 1.3, abs=1e-4)
+    assert rows["TPOT fwd"]["verdict"] == f"{ort.tpot_ms_mean / 1.2 - 1:+.0%}" != "within 10%"
+    assert AppLoop.of("llama", set(), {"app_ttft_ms": 7.0}) is None  # no decode timed: nothing to compare
