@@ -113,3 +113,47 @@ def test_a_captured_application_is_compared_forward_to_forward_and_loop_to_loop(
     assert rows["TPOT loop"]["predicted_ms"] == pytest.approx(ort.tpot_ms_mean + 1.3, abs=1e-4)
     assert rows["TPOT fwd"]["verdict"] == f"{ort.tpot_ms_mean / 1.2 - 1:+.0%}" != "within 10%"
     assert AppLoop.of("llama", set(), {"app_ttft_ms": 7.0}) is None  # no decode timed: nothing to compare
+
+
+def test_a_captured_sweep_prints_and_logs_its_generation_beside_the_applications_loop(tmp_path):
+    """A captured plan (its capture's result given; the capture itself: test_capture.py), every
+    kept call measured: the summary has the generation block and the comparison, the sweep's run
+    generation.json, its table, captures/generation_vs_app.json and the bars."""
+    from orchestrator.plan.capture import Captures
+    from orchestrator.plan.config import validate_all
+    from orchestrator.plan.planner import make_plan
+    from orchestrator.run.sweep_run import SweepRun
+    from tasks.specs import CaptureResult, PhaseSpec
+    from tests.conftest import capacity, compose_jobs
+    from tests.test_sweep_run import FakeScheduler, FakeTracker, bench_ok, export_ok
+
+    app = "examples.generate_app:run"
+    configs, overrides = compose_jobs(["phase=captured", f"phase.app={app}"], shrink=False)
+    points = validate_all(configs, overrides)
+    captures = Captures.of(points, capacity())
+    (key,) = captures.specs
+    kept = [
+        PhaseSpec("captured", 1, prompt_len=128, parity_steps=1, app=app, kind="prefill", call=0, inputs="p.npz"),
+        PhaseSpec("captured", 1, context_len=128, app=app, kind="decode", call=1, inputs="d1.npz"),
+        PhaseSpec("captured", 1, context_len=426, app=app, kind="decode", call=299, inputs="d2.npz"),
+    ]
+    timings = {"app_ttft_ms": 5.0, "app_inter_token_ms_mean": 2.0, "app_prefill_forward_ms_median": 4.0, "app_decode_forward_ms_mean": 1.5}
+    captures.results[key] = CaptureResult(key, True, total_calls=300, kept=kept, timings=timings)
+    captures.expand(points)
+    plan = make_plan(points, configs, overrides, capacity(), captures=captures)
+    tracker = FakeTracker()
+    run = SweepRun(plan, tmp_path, tracker, FakeScheduler())
+    run.record_plan("cmd")
+    run.start()
+    for pv in plan.variants:
+        run.on_export(pv.export_key, export_ok(pv.export_key, tmp_path / pv.name))
+        run.on_bench(f"{pv.name}#0", bench_ok(pv.name))
+    text = run.finish(1.0)
+    parent = tracker.parent()
+    (gen,) = parent.files["generation.json"]
+    assert (gen["prompt"], gen["new_tokens"], gen["backend"]) == (128, 300, "onnxruntime")
+    assert gen["ttft_ms"] == pytest.approx(1.003) and len(parent.files["generation_table.json"]) == 1  # bench_ok's median
+    compared = {r["figure"]: r for r in parent.files["captures/generation_vs_app.json"]}
+    assert compared["TTFT loop"]["app_measured_ms"] == 5.0 and compared["TPOT fwd"]["app_measured_ms"] == 1.5
+    assert "Whole generation, predicted" in text and "Captured application: predicted generation" in text
+    assert ("generation_ttft_tpot.png", "plots") in parent.artifacts
