@@ -101,17 +101,21 @@ def test_the_plot_draws_ttft_and_tpot_bars_only_when_there_is_a_generation(tmp_p
     assert not generation_plot([r for r in rows if r["phase"] == "decode"], tmp_path / "none.png")
 
 
-def test_a_captured_application_is_compared_forward_to_forward_and_loop_to_loop():
+def test_a_captured_application_is_compared_on_each_runtime_with_its_own_time_outside_the_forward():
     gens = generations(sweep_rows())
-    timings = {"app_ttft_ms": 7.0, "app_inter_token_ms_mean": 2.5, "app_prefill_forward_ms_median": 5.5, "app_decode_forward_ms_mean": 1.2}
-    loop = AppLoop.of("llama", {"llama_prefill_onnxruntime_cpu", "llama_decode_onnxruntime_cpu"}, timings)
-    rows = {r["figure"]: r for r in app_rows(gens, [loop])}  # the onnxruntime generation only: the capture's variants
-    assert set(rows) == {"TTFT fwd", "TPOT fwd", "TTFT loop", "TPOT loop"}
+    on_transformers = {"app_ttft_ms": 7.0, "app_inter_token_ms_mean": 2.5, "app_prefill_forward_ms_median": 5.5, "app_decode_forward_ms_mean": 1.2}
+    loop = AppLoop.of("llama", {"llama_prefill_onnxruntime_cpu", "llama_decode_onnxruntime_cpu"}, on_transformers)
     ort = next(g for g in gens if g.backend == "onnxruntime")
-    assert rows["TTFT fwd"]["ratio"] == pytest.approx(5.0 / 5.5, abs=1e-3) and rows["TTFT fwd"]["verdict"] == "within 10%"
-    assert rows["TTFT loop"]["predicted_ms"] == pytest.approx(5.0 + 1.5)  # the app's 1.5 ms outside its prefill added
-    assert rows["TPOT loop"]["predicted_ms"] == pytest.approx(ort.tpot_ms_mean + 1.3, abs=1e-4)
-    assert rows["TPOT fwd"]["verdict"] == f"{ort.tpot_ms_mean / 1.2 - 1:+.0%}" != "within 10%"
+    on_ort = {"app_ttft_ms": 6.6, "app_inter_token_ms_mean": 2.9, "app_prefill_forward_ms_median": 5.1, "app_decode_forward_ms_mean": 1.2}
+    rows = {r["figure"]: r for r in app_rows(gens, [loop], {ort.prefill: on_ort})}  # the capture's variants only
+    assert set(rows) == {"TTFT", "TPOT mean", "prefill fwd", "decode fwd mean"}
+    assert rows["TTFT"]["predicted_ms"] == pytest.approx(5.0 + 1.5)  # the app's 1.5 ms outside its prefill added
+    assert rows["TTFT"]["ratio"] == pytest.approx(6.5 / 6.6, abs=1e-3) and rows["TTFT"]["verdict"] == "within 10%"
+    assert rows["TPOT mean"]["predicted_ms"] == pytest.approx(ort.tpot_ms_mean + 1.3, abs=1e-4)
+    assert rows["prefill fwd"]["app_measured_ms"] == 5.1 and rows["TTFT"]["app_ran_on"] == "onnxruntime cpu"
+    assert rows["decode fwd mean"]["verdict"] == f"{ort.tpot_ms_mean / 1.2 - 1:+.0%}" != "within 10%"
+    fallback = {r["figure"]: r for r in app_rows(gens, [loop], {})}  # no run on the runtime: against transformers, said so
+    assert fallback["TTFT"]["app_measured_ms"] == 7.0 and fallback["TTFT"]["app_ran_on"].startswith("transformers")
     assert AppLoop.of("llama", set(), {"app_ttft_ms": 7.0}) is None  # no decode timed: nothing to compare
 
 
@@ -123,7 +127,7 @@ def test_a_captured_sweep_prints_and_logs_its_generation_beside_the_applications
     from orchestrator.plan.config import validate_all
     from orchestrator.plan.planner import make_plan
     from orchestrator.run.sweep_run import SweepRun
-    from tasks.specs import CaptureResult, PhaseSpec
+    from tasks.specs import AppLoopResult, CaptureResult, PhaseSpec
     from tests.conftest import capacity, compose_jobs
     from tests.test_sweep_run import FakeScheduler, FakeTracker, bench_ok, export_ok
 
@@ -142,18 +146,27 @@ def test_a_captured_sweep_prints_and_logs_its_generation_beside_the_applications
     captures.expand(points)
     plan = make_plan(points, configs, overrides, capacity(), captures=captures)
     tracker = FakeTracker()
-    run = SweepRun(plan, tmp_path, tracker, FakeScheduler())
+    sched = FakeScheduler()
+    run = SweepRun(plan, tmp_path, tracker, sched)
     run.record_plan("cmd")
     run.start()
     for pv in plan.variants:
+        assert not [s for s in sched.submitted if s[0] == "apploop"]  # not before every kept call is measured
         run.on_export(pv.export_key, export_ok(pv.export_key, tmp_path / pv.name))
         run.on_bench(f"{pv.name}#0", bench_ok(pv.name))
+    (loop,) = [s for s in sched.submitted if s[0] == "apploop"]  # the application, again on the runtime
+    prompt = plan.variants[0]
+    assert loop[1] == prompt.name and loop[2].prefill == prompt.bench and loop[2].decode.phase.context_len == 426
+    assert loop[2].capture == captures.specs[key]
+    on_runtime = {"app_ttft_ms": 4.0, "app_inter_token_ms_mean": 1.8, "app_prefill_forward_ms_median": 1.1, "app_decode_forward_ms_mean": 1.0}
+    run.on_result("apploop", prompt.name, AppLoopResult(prompt.name, True, timings=on_runtime, tokens_agree=1.0))
     text = run.finish(1.0)
     parent = tracker.parent()
     (gen,) = parent.files["generation.json"]
     assert (gen["prompt"], gen["new_tokens"], gen["backend"]) == (128, 300, "onnxruntime")
     assert gen["ttft_ms"] == pytest.approx(1.003) and len(parent.files["generation_table.json"]) == 1  # bench_ok's median
     compared = {r["figure"]: r for r in parent.files["captures/generation_vs_app.json"]}
-    assert compared["TTFT loop"]["app_measured_ms"] == 5.0 and compared["TPOT fwd"]["app_measured_ms"] == 1.5
-    assert "Whole generation, predicted" in text and "Captured application: predicted generation" in text
+    assert compared["TTFT"]["app_measured_ms"] == 4.0 and compared["decode fwd mean"]["app_measured_ms"] == 1.0
+    assert compared["TTFT"]["predicted_ms"] == pytest.approx(1.003 + 1.0)  # + the app's 1 ms outside its prefill on transformers
+    assert "Whole generation, predicted" in text and "the application run on each runtime" in text
     assert ("generation_ttft_tpot.png", "plots") in parent.artifacts

@@ -1,14 +1,17 @@
-"""The predicted generation beside a captured application's own measured loop (phase=captured):
-for each backend, its predicted TTFT and mean time per output token (orchestrator/read/
-generation.py, from the captured prefill and decode variants) against the application's
-measured TTFT and mean inter-token latency, and their ratio.
+"""The predicted generation beside a captured application's own measured loop (phase=captured).
 
-The application runs the float transformers model in PyTorch (tasks/phases/_capture.py), so its
-figures are those of that loop: its forward plus what it does between forwards (sampling,
-logits processors, cache handling). The table shows both parts, so a prediction is read
-against a measurement of the same thing: `fwd` rows compare the benchmarked forward with the
-application's own forward, `loop` rows add the application's measured time outside its forward
-to the prediction and compare it with what the application felt."""
+The capture times the application on the transformers model (tasks/phases/_capture.py); after
+its variants are measured, the sweep runs it again on each backend's runtime, its forward
+answered by the captured exports (tasks/app_loop.py), timed the same way. For each
+backend the table sets the generation predicted from the benchmarks (orchestrator/read/
+generation.py) beside what the application measured on that runtime:
+
+  TTFT, TPOT     the prediction plus the application's own time outside its forward (measured
+                 on transformers: sampling, logits processors, its loop's Python), against the
+                 application's TTFT and mean inter-token latency on the runtime
+  prefill fwd,   the benchmark's medians alone, against the runtime's forward inside the loop
+  decode fwd
+"""
 
 from __future__ import annotations
 
@@ -20,11 +23,12 @@ from orchestrator.read.generation import Generation
 
 ARTIFACT = "captures/generation_vs_app.json"
 WITHIN = 0.10  # a prediction within 10% of the measurement agrees
+KEYS = ("app_ttft_ms", "app_inter_token_ms_mean", "app_prefill_forward_ms_median", "app_decode_forward_ms_mean")
 
 
 @dataclass(frozen=True)
 class AppLoop:
-    """A captured application's own figures (the capture's `app_*` timings, ms)."""
+    """A captured application's own figures on transformers (the capture's `app_*` timings, ms)."""
 
     label: str  # how the sweep's run names the capture
     variants: frozenset[str]  # the variants of its kept calls
@@ -36,10 +40,9 @@ class AppLoop:
     @classmethod
     def of(cls, label: str, variants: set[str], timings: dict[str, float]) -> AppLoop | None:
         """None for a capture whose timed runs recorded no decode (nothing to compare)."""
-        keys = ("app_ttft_ms", "app_inter_token_ms_mean", "app_prefill_forward_ms_median", "app_decode_forward_ms_mean")
-        if not all(k in timings for k in keys):
+        if not all(k in timings for k in KEYS):
             return None
-        return cls(label, frozenset(variants), *(float(timings[k]) for k in keys))
+        return cls(label, frozenset(variants), *(float(timings[k]) for k in KEYS))
 
     @property
     def ttft_outside_ms(self) -> float:
@@ -56,41 +59,47 @@ def _verdict(ratio: float) -> str:
     return f"within {WITHIN:.0%}" if abs(ratio - 1) <= WITHIN else f"{ratio - 1:+.0%}"
 
 
-def app_rows(gens: list[Generation], loops: list[AppLoop]) -> list[dict[str, Any]]:
-    """Per captured generation: TTFT and TPOT predicted and measured, forward alone and whole loop."""
+def _pairs(g: Generation, loop: AppLoop, measured: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """figure -> (predicted, measured) ms."""
+    return {
+        "TTFT": (g.ttft_ms + loop.ttft_outside_ms, measured["app_ttft_ms"]),
+        "TPOT mean": (g.tpot_ms_mean + loop.step_outside_ms, measured["app_inter_token_ms_mean"]),
+        "prefill fwd": (g.ttft_ms, measured["app_prefill_forward_ms_median"]),
+        "decode fwd mean": (g.tpot_ms_mean, measured["app_decode_forward_ms_mean"]),
+    }
+
+
+def app_rows(gens: list[Generation], loops: list[AppLoop], on_runtime: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    """Per captured generation (`on_runtime`: its prefill variant -> the application's timings
+    on that runtime): each figure predicted and measured, and their ratio. A generation whose
+    runtime loop is missing is compared with the application on transformers, and says so."""
     rows = []
     for loop in loops:
-        for g in gens:
-            if g.prefill not in loop.variants:
-                continue
-            pairs = {
-                "TTFT fwd": (g.ttft_ms, loop.prefill_forward_ms),
-                "TPOT fwd": (g.tpot_ms_mean, loop.decode_forward_ms_mean),
-                "TTFT loop": (g.ttft_ms + loop.ttft_outside_ms, loop.ttft_ms),
-                "TPOT loop": (g.tpot_ms_mean + loop.step_outside_ms, loop.inter_token_ms_mean),
-            }
-            for what, (predicted, measured) in pairs.items():
-                ratio = predicted / measured if measured > 0 else float("nan")
+        for g in (g for g in gens if g.prefill in loop.variants):
+            measured = on_runtime.get(g.prefill)
+            ran = f"{g.backend} {g.device}" if measured else "transformers (no run on the runtime)"
+            for what, (predicted, got) in _pairs(g, loop, measured or _as_timings(loop)).items():
+                ratio = predicted / got if got > 0 else float("nan")
                 rows.append(
                     {
-                        "capture": loop.label,
-                        "backend": f"{g.backend} {g.device}",
-                        "figure": what,
-                        "predicted_ms": round(predicted, 4),
-                        "app_measured_ms": round(measured, 4),
-                        "ratio": round(ratio, 3),
-                        "verdict": _verdict(ratio),
+                        "capture": loop.label, "backend": f"{g.backend} {g.device}", "figure": what,
+                        "predicted_ms": round(predicted, 4), "app_measured_ms": round(got, 4), "app_ran_on": ran,
+                        "ratio": round(ratio, 3), "verdict": _verdict(ratio),
                     }
-                )
+                )  # fmt: skip
     return rows
+
+
+def _as_timings(loop: AppLoop) -> dict[str, float]:
+    return dict(zip(KEYS, (loop.ttft_ms, loop.inter_token_ms_mean, loop.prefill_forward_ms, loop.decode_forward_ms_mean), strict=True))
 
 
 def app_text(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     head = (
-        "Captured application: predicted generation against its own measured loop (ratio = predicted / measured). "
-        "The application ran the transformers model in PyTorch: on another runtime the ratio is that runtime's gain. fwd: the benchmark's forward against the application's forward "
-        "(transformers in PyTorch); loop: plus the application's measured time outside its forward"
+        "Captured application: the predicted generation against the application run on each runtime (ratio = predicted / "
+        f"measured, within {WITHIN:.0%} agrees). TTFT, TPOT: the prediction plus the application's own time outside its "
+        "forward (measured on transformers); fwd: the benchmark's medians against the runtime's forward in the loop"
     )
     return head + "\n" + table([{k: f"{v:.3f}" if isinstance(v, float) else v for k, v in r.items()} for r in rows])

@@ -120,9 +120,11 @@ def log_pair(tracker: Tracker, a: Outcome, b: Outcome, result: Any) -> dict[str,
 def log_summary(
     tracker: Tracker, parent: str, plan: Plan, outcomes: dict[str, Outcome], rows: list[dict], out_dir: Path,
     pairs: list[dict[str, str]] | None = None, plots: bool = True, notes: list[str] | None = None,
+    on_runtime: dict[str, dict[str, float]] | None = None,
 ) -> str:
     """The sweep's summary (text, JSON, an MLflow table and the run's note) and, with `plots`,
-    its plots; returns the text. `notes`: lines below the table (the code measured, alerts)."""
+    its plots; returns the text. `notes`: lines below the table (the code measured, alerts);
+    `on_runtime`: a captured application's timings on each runtime, by its prompt variant."""
     text = table(rows) + ("\n\n" + "\n".join(notes) if notes else "")
     if pairs:  # hydra.launcher.pair: each pair timed interleaved
         tracker.log_dict(parent, pairs, "pairs.json")
@@ -140,7 +142,7 @@ def log_summary(
     params.update({s.name: s.variant.params for s in plan.skipped})
     if curves := curves_text(list(outcomes.values()), params):  # depth series, batch sweeps and their knees
         text += "\n\n" + curves
-    if generated := log_generation(tracker, parent, plan, plot_rows(list(outcomes.values()), params)):
+    if generated := log_generation(tracker, parent, plan, plot_rows(list(outcomes.values()), params), on_runtime or {}):
         text += "\n\n" + generated
     tracker.log_text(parent, text + "\n", "summary.txt")
     tracker.log_dict(parent, rows, "summary.json")
@@ -172,7 +174,7 @@ def app_loops(plan: Plan) -> list[AppLoop]:
     return loops
 
 
-def log_generation(tracker: Tracker, parent: str, plan: Plan, rows: list[dict[str, Any]]) -> str:
+def log_generation(tracker: Tracker, parent: str, plan: Plan, rows: list[dict[str, Any]], on_runtime: dict[str, dict[str, float]]) -> str:
     """The predicted whole generations (orchestrator/read/generation.py, from the plots' `rows`)
     on the sweep's run, and for a captured application the prediction beside its measured loop;
     their text, or ''."""
@@ -182,7 +184,7 @@ def log_generation(tracker: Tracker, parent: str, plan: Plan, rows: list[dict[st
     tracker.log_dict(parent, generation_record(gens), GENERATION)
     tracker.log_table(parent, generation_rows(gens), GENERATION_TABLE)
     text = generation_text(gens)
-    if rows := app_rows(gens, app_loops(plan)):
+    if rows := app_rows(gens, app_loops(plan), on_runtime):
         tracker.log_dict(parent, rows, GENERATION_VS_APP)
         text += "\n\n" + app_text(rows)
     return text

@@ -98,7 +98,7 @@ def _inputs(recorder: Recorder, call: dict[str, Any], steps: int) -> dict[str, n
     return arrays
 
 
-def _timings(runs: list[tuple[int, int, list[tuple[int, int, bool]]]]) -> tuple[dict[str, float], list[int]]:
+def timings(runs: list[tuple[int, int, list[tuple[int, int, bool]]]]) -> tuple[dict[str, float], list[int]]:
     """The application's own figures from the timed runs: (app start, app end, forward spans)."""
     ttft, walls, outside, prefill, decode, gaps = [], [], [], [], [], []
     for start, end, spans in runs:
@@ -190,9 +190,9 @@ def capture_job(spec: CaptureSpec) -> CaptureResult:
                 f"can represent: {'; '.join(result.notes)}"
             )
         del recorder
-        runs = _timed_runs(spec.options.timed_runs, app, model)
+        runs = timed_runs(spec.options.timed_runs, app, model)
         if runs and all(r[2] for r in runs):
-            result.timings, result.inter_token_ns = _timings(runs)
+            result.timings, result.inter_token_ns = timings(runs)
             result.at_calls = _near([p.call for p in result.kept], runs)
         result.ok = True
     except _Ended as e:
@@ -241,7 +241,7 @@ def _keep(spec: CaptureSpec, recorder: Recorder, calls: list[dict[str, Any]]) ->
     return kept
 
 
-def _timed_runs(n: int, app: Any, model: Any) -> list[tuple[int, int, list]]:
+def timed_runs(n: int, app: Any, model: Any) -> list[tuple[int, int, list]]:
     """(start ns, end ns, the model calls' spans) of `n` runs of the application."""
     runs = []
     for _ in range(n):
