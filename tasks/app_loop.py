@@ -40,16 +40,17 @@ class RuntimeForward:
         self.static = spec.decode.model.kv_cache == "static"
         self.inputs: dict[str, Any] = {}
 
-    def __call__(self, input_ids: Any, past_key_values: Any = None, cache_position: Any = None, **_: Any) -> Any:
+    def __call__(self, input_ids: Any, cache: Any = None, **_: Any) -> Any:
         import torch  # lazy: torch, only in a job's process
         from transformers.modeling_outputs import CausalLMOutputWithPast  # lazy: torch, only in a job's process
 
         ids = np.ascontiguousarray(input_ids.numpy())
-        start = int(cache_position[0]) if cache_position is not None else past_key_values.get_seq_length()
+        start = int(cache.get_seq_length())
         logits = self._prefill(ids) if start == 0 else self._step(ids, start)
         # the application's own cache only counts the positions filled: its loop reads that, never the values
-        past_key_values.update(torch.empty(ids.shape[0], 1, ids.shape[1], 1), torch.empty(ids.shape[0], 1, ids.shape[1], 1), 0)
-        return CausalLMOutputWithPast(logits=torch.from_numpy(logits), past_key_values=past_key_values)
+        empty = torch.empty(ids.shape[0], 1, ids.shape[1], 1)
+        cache.update(empty, empty, 0)
+        return CausalLMOutputWithPast(logits=torch.from_numpy(logits), cache=cache)
 
     def _prefill(self, ids: np.ndarray) -> np.ndarray:
         first, *present = self.prefill.run({**self.prefill_feeds, "input_ids": ids})
