@@ -65,6 +65,12 @@ class RuntimeForward:
         return first
 
     def _step(self, ids: np.ndarray, start: int) -> np.ndarray:
+        if self.static and start >= self.capacity[self.past[0]][2]:
+            raise ValueError(
+                f"the application reached cache position {start}, the decode export holds {self.capacity[self.past[0]][2]}: "
+                "its run on the runtime needs the application's deepest decode call kept (phase.capture.select=spread) "
+                "or model.kv_cache=dynamic"
+            )
         self.inputs.update(self.decode.place({"input_ids": ids, "cache_position": np.array([start], dtype=np.int64)}))
         first, *present = self.decode.step(self.inputs)
         self.inputs.update(zip(self.past, present, strict=True))

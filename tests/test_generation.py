@@ -103,7 +103,8 @@ def test_the_plot_draws_ttft_and_tpot_bars_only_when_there_is_a_generation(tmp_p
 
 def test_a_captured_application_is_compared_on_each_runtime_with_its_own_time_outside_the_forward():
     gens = generations(sweep_rows())
-    on_transformers = {"app_ttft_ms": 7.0, "app_inter_token_ms_mean": 2.5, "app_prefill_forward_ms_median": 5.5, "app_decode_forward_ms_mean": 1.2}
+    on_transformers = {"app_ttft_ms": 7.0, "app_inter_token_ms_mean": 2.5, "app_prefill_forward_ms_median": 5.5, "app_decode_forward_ms_mean": 1.2,
+                       "app_calls": 898.0}
     loop = AppLoop.of("llama", {"llama_prefill_onnxruntime_cpu", "llama_decode_onnxruntime_cpu"}, on_transformers)
     ort = next(g for g in gens if g.backend == "onnxruntime")
     on_ort = {"app_ttft_ms": 6.6, "app_inter_token_ms_mean": 2.9, "app_prefill_forward_ms_median": 5.1, "app_decode_forward_ms_mean": 1.2}
@@ -117,6 +118,11 @@ def test_a_captured_application_is_compared_on_each_runtime_with_its_own_time_ou
     fallback = {r["figure"]: r for r in app_rows(gens, [loop], {})}  # no run on the runtime: against transformers, said so
     assert fallback["TTFT"]["app_measured_ms"] == 7.0 and fallback["TTFT"]["app_ran_on"].startswith("transformers")
     assert AppLoop.of("llama", set(), {"app_ttft_ms": 7.0}) is None  # no decode timed: nothing to compare
+    short = AppLoop.of("llama", {ort.prefill}, {**on_transformers, "app_calls": 2.0})  # predicted for the application's own N
+    rows = {r["figure"]: r for r in app_rows(gens, [short], {ort.prefill: on_ort})}
+    assert rows["decode fwd mean"]["predicted_ms"] == 1.0 and rows["TTFT"]["generation"] == "P128 N2"
+    long = AppLoop.of("llama", {ort.prefill}, {**on_transformers, "app_calls": 2000.0})
+    assert app_rows(gens, [long], {})[0]["generation"] == "P128 N2000 (deeper than measured: held flat)"
 
 
 def test_a_captured_sweep_prints_and_logs_its_generation_beside_the_applications_loop(tmp_path):
@@ -141,7 +147,7 @@ def test_a_captured_sweep_prints_and_logs_its_generation_beside_the_applications
         PhaseSpec("captured", 1, context_len=128, app=app, kind="decode", call=1, inputs="d1.npz"),
         PhaseSpec("captured", 1, context_len=426, app=app, kind="decode", call=299, inputs="d2.npz"),
     ]
-    timings = {"app_ttft_ms": 5.0, "app_inter_token_ms_mean": 2.0, "app_prefill_forward_ms_median": 4.0, "app_decode_forward_ms_mean": 1.5}
+    timings = {"app_ttft_ms": 5.0, "app_inter_token_ms_mean": 2.0, "app_prefill_forward_ms_median": 4.0, "app_decode_forward_ms_mean": 1.5, "app_calls": 300.0}
     captures.results[key] = CaptureResult(key, True, total_calls=300, kept=kept, timings=timings)
     captures.expand(points)
     plan = make_plan(points, configs, overrides, capacity(), captures=captures)

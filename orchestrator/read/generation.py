@@ -41,6 +41,7 @@ class Generation:
     prompt: int  # P
     new_tokens: int  # N
     depths: tuple[int, ...]  # the decode depths measured
+    points: tuple[tuple[int, float], ...]  # (depth, median ms) of every decode point, the steps' line
     ttft_ms: float
     tpot_ms_mean: float
     tpot_ms_p90: float
@@ -150,7 +151,7 @@ def _one(pre: dict[str, Any], decodes: list[dict[str, Any]], points: list[tuple[
         Generation(
             model=pre["model"], backend=pre["backend"], device=pre["device"], prefill=pre["name"],
             decode=tuple(sorted(d["name"] for d in decodes)), batch=batch, prompt=prompt,
-            new_tokens=new_tokens, depths=depths, extrapolated=depths[0] > prompt, **figures,
+            new_tokens=new_tokens, depths=depths, points=tuple(points), extrapolated=depths[0] > prompt, **figures,
         )
     ]
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.common.console import table
-from orchestrator.read.generation import Generation
+from orchestrator.read.generation import Generation, predict
 
 ARTIFACT = "captures/generation_vs_app.json"
 WITHIN = 0.10  # a prediction within 10% of the measurement agrees
-KEYS = ("app_ttft_ms", "app_inter_token_ms_mean", "app_prefill_forward_ms_median", "app_decode_forward_ms_mean")
+KEYS = ("app_ttft_ms", "app_inter_token_ms_mean", "app_prefill_forward_ms_median", "app_decode_forward_ms_mean", "app_calls")
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class AppLoop:
     inter_token_ms_mean: float
     prefill_forward_ms: float
     decode_forward_ms_mean: float
+    calls: float  # forward calls of one run: batch 1, one token each, so the generation's N
 
     @classmethod
     def of(cls, label: str, variants: set[str], timings: dict[str, float]) -> AppLoop | None:
@@ -60,12 +61,13 @@ def _verdict(ratio: float) -> str:
 
 
 def _pairs(g: Generation, loop: AppLoop, measured: dict[str, float]) -> dict[str, tuple[float, float]]:
-    """figure -> (predicted, measured) ms."""
+    """figure -> (predicted, measured) ms, the prediction made for the application's own N."""
+    tpot = predict(g.ttft_ms, list(g.points), g.prompt, int(loop.calls), g.batch)["tpot_ms_mean"]
     return {
         "TTFT": (g.ttft_ms + loop.ttft_outside_ms, measured["app_ttft_ms"]),
-        "TPOT mean": (g.tpot_ms_mean + loop.step_outside_ms, measured["app_inter_token_ms_mean"]),
+        "TPOT mean": (tpot + loop.step_outside_ms, measured["app_inter_token_ms_mean"]),
         "prefill fwd": (g.ttft_ms, measured["app_prefill_forward_ms_median"]),
-        "decode fwd mean": (g.tpot_ms_mean, measured["app_decode_forward_ms_mean"]),
+        "decode fwd mean": (tpot, measured["app_decode_forward_ms_mean"]),
     }
 
 
@@ -83,6 +85,7 @@ def app_rows(gens: list[Generation], loops: list[AppLoop], on_runtime: dict[str,
                 rows.append(
                     {
                         "capture": loop.label, "backend": f"{g.backend} {g.device}", "figure": what,
+                        "generation": f"P{g.prompt} N{loop.calls:.0f}" + (" (deeper than measured: held flat)" if loop.calls > g.new_tokens else ""),
                         "predicted_ms": round(predicted, 4), "app_measured_ms": round(got, 4), "app_ran_on": ran,
                         "ratio": round(ratio, 3), "verdict": _verdict(ratio),
                     }
@@ -91,7 +94,8 @@ def app_rows(gens: list[Generation], loops: list[AppLoop], on_runtime: dict[str,
 
 
 def _as_timings(loop: AppLoop) -> dict[str, float]:
-    return dict(zip(KEYS, (loop.ttft_ms, loop.inter_token_ms_mean, loop.prefill_forward_ms, loop.decode_forward_ms_mean), strict=True))
+    figures = (loop.ttft_ms, loop.inter_token_ms_mean, loop.prefill_forward_ms, loop.decode_forward_ms_mean, loop.calls)
+    return dict(zip(KEYS, figures, strict=True))
 
 
 def app_text(rows: list[dict[str, Any]]) -> str:
