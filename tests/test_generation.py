@@ -115,6 +115,11 @@ def test_a_captured_application_is_compared_on_each_runtime_with_its_own_time_ou
     assert rows["TPOT mean"]["predicted_ms"] == pytest.approx(ort.tpot_ms_mean + 1.3, abs=1e-4)
     assert rows["prefill fwd"]["app_measured_ms"] == 5.1 and rows["TTFT"]["app_ran_on"] == "onnxruntime cpu"
     assert rows["decode fwd mean"]["verdict"] == f"{ort.tpot_ms_mean / 1.2 - 1:+.0%}" != "within 10%"
+    assert "decode hot" not in rows  # no back-to-back calls timed after the loop
+    hot = {**on_ort, "hot_prefill_forward_ms_median": 5.2, "hot_decode_forward_ms_median": 2.1}
+    rows = {r["figure"]: r for r in app_rows(gens, [loop], {ort.prefill: hot})}
+    assert rows["decode hot"]["predicted_ms"] == 2.0 and rows["decode hot"]["app_measured_ms"] == 2.1  # at depth P+N-2 = 1024
+    assert rows["prefill hot"]["ratio"] == pytest.approx(5.0 / 5.2, abs=1e-3)
     fallback = {r["figure"]: r for r in app_rows(gens, [loop], {})}  # no run on the runtime: against transformers, said so
     assert fallback["TTFT"]["app_measured_ms"] == 7.0 and fallback["TTFT"]["app_ran_on"].startswith("transformers")
     assert AppLoop.of("llama", set(), {"app_ttft_ms": 7.0}) is None  # no decode timed: nothing to compare

@@ -11,6 +11,8 @@ generation.py) beside what the application measured on that runtime:
                  application's TTFT and mean inter-token latency on the runtime
   prefill fwd,   the benchmark's medians alone, against the runtime's forward inside the loop
   decode fwd
+  prefill hot,   the same, against the same sessions called back to back after the loop (at the
+  decode hot     depth it ended on): what the loop's own rhythm costs the forward
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.common.console import table
-from orchestrator.read.generation import Generation, predict
+from orchestrator.read.generation import Generation, interpolate, predict
 
 ARTIFACT = "captures/generation_vs_app.json"
+HOT = ("hot_prefill_forward_ms_median", "hot_decode_forward_ms_median")  # tasks/app_loop.py: after the loop
 WITHIN = 0.10  # a prediction within 10% of the measurement agrees
 KEYS = ("app_ttft_ms", "app_inter_token_ms_mean", "app_prefill_forward_ms_median", "app_decode_forward_ms_mean", "app_calls")
 
@@ -63,12 +66,16 @@ def _verdict(ratio: float) -> str:
 def _pairs(g: Generation, loop: AppLoop, measured: dict[str, float]) -> dict[str, tuple[float, float]]:
     """figure -> (predicted, measured) ms, the prediction made for the application's own N."""
     tpot = predict(g.ttft_ms, list(g.points), g.prompt, int(loop.calls), g.batch)["tpot_ms_mean"]
-    return {
+    pairs = {
         "TTFT": (g.ttft_ms + loop.ttft_outside_ms, measured["app_ttft_ms"]),
         "TPOT mean": (tpot + loop.step_outside_ms, measured["app_inter_token_ms_mean"]),
         "prefill fwd": (g.ttft_ms, measured["app_prefill_forward_ms_median"]),
         "decode fwd mean": (tpot, measured["app_decode_forward_ms_mean"]),
     }
+    if HOT[0] in measured:  # the same sessions after the loop, called back to back as a benchmark calls them
+        last = interpolate(list(g.points), g.prompt + int(loop.calls) - 2)
+        pairs |= {"prefill hot": (g.ttft_ms, measured[HOT[0]]), "decode hot": (last, measured[HOT[1]])}
+    return pairs
 
 
 def app_rows(gens: list[Generation], loops: list[AppLoop], on_runtime: dict[str, dict[str, float]]) -> list[dict[str, Any]]:

@@ -233,6 +233,7 @@ class SweepRun:
         self.loops[key] = result if isinstance(result, AppLoopResult) else AppLoopResult(key, False, failure=result)
         t = self.loops[key].timings
         said = f"TTFT {t['app_ttft_ms']:.2f} ms, inter-token {t['app_inter_token_ms_mean']:.3f} ms mean" if self.loops[key].ok else ""
+        said += f", tokens as on transformers {self.loops[key].tokens_agree:.0%}" if said else ""
         say(f"  app loop  {key:<44} {said or 'failed: ' + self.loops[key].failure.error}")
 
     def on_export(self, key: str, result: ExportResult | Failure) -> None:
