@@ -181,3 +181,41 @@ def test_a_captured_sweep_prints_and_logs_its_generation_beside_the_applications
     assert compared["TTFT"]["predicted_ms"] == pytest.approx(1.003 + 1.0)  # + the app's 1 ms outside its prefill on transformers
     assert "Whole generation, predicted" in text and "the application run on each runtime" in text
     assert ("generation_ttft_tpot.png", "plots") in parent.artifacts
+
+
+@pytest.mark.slow
+def test_the_captured_application_runs_on_onnxruntime_beside_its_predicted_generation(tmp_path, mlflow_db, cache_override):
+    """The bundled application captured, its calls measured on ONNX Runtime (a growing cache),
+    then run again with its forward answered by the runtime: its 300 tokens as on transformers,
+    and every figure of the comparison measured on the runtime."""
+    import json
+    from pathlib import Path
+
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.run.sweep import run_sweep
+    from tests.conftest import compose_jobs
+
+    uri = mlflow_db(tmp_path)
+    job = ["phase=captured", "phase.app=examples.generate_app:run", "phase.capture.max_variants=2", "phase.capture.timed_runs=2",
+           "model.kv_cache=dynamic", "bench.min_seconds=0.3", "bench.max_seconds=1", cache_override, f"tracking.uri={uri}",
+           f"tracking.artifact_root={tmp_path / 'mlartifacts'}"]  # fmt: skip
+    configs, overrides = compose_jobs(job, shrink=False)
+    outcomes = run_sweep(configs, overrides, tmp_path / "out", "pytest: generation")
+    assert {o.status for o in outcomes.values()} == {"ok"}
+    client = MlflowClient(tracking_uri=uri)
+    (parent,) = [r for r in client.search_runs([client.get_experiment_by_name("phasesweep").experiment_id])
+                 if r.data.tags.get("phasesweep.role") == "sweep"]  # fmt: skip
+
+    def artifact(name: str):
+        return json.loads(Path(client.download_artifacts(parent.info.run_id, name, str(tmp_path))).read_text())
+
+    (gen,) = artifact("generation.json")
+    assert (gen["prompt"], gen["new_tokens"], gen["depths"]) == (128, 300, [128, 426])  # the application's own generation
+    rows = {r["figure"]: r for r in artifact("captures/generation_vs_app.json")}
+    assert set(rows) == {"TTFT", "TPOT mean", "prefill fwd", "decode fwd mean", "prefill hot", "decode hot"}
+    assert {r["app_ran_on"] for r in rows.values()} == {"onnxruntime cpu"}
+    assert {r["tokens_as_on_transformers"] for r in rows.values()} == {"100%"}  # greedy, within parity: the same tokens
+    assert all(r["predicted_ms"] > 0 and r["app_measured_ms"] > 0 for r in rows.values())
+    summary = client.download_artifacts(parent.info.run_id, "summary.txt", str(tmp_path))
+    assert "the application run on each runtime" in Path(summary).read_text()

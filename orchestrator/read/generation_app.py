@@ -95,6 +95,7 @@ def app_rows(gens: list[Generation], loops: list[AppLoop], on_runtime: dict[str,
                         "generation": f"P{g.prompt} N{loop.calls:.0f}" + (" (deeper than measured: held flat)" if loop.calls > g.new_tokens else ""),
                         "predicted_ms": round(predicted, 4), "app_measured_ms": round(got, 4), "app_ran_on": ran,
                         "ratio": round(ratio, 3), "verdict": _verdict(ratio),
+                        **({"tokens_as_on_transformers": f"{measured['tokens_agree']:.0%}"} if "tokens_agree" in (measured or {}) else {}),
                     }
                 )  # fmt: skip
     return rows

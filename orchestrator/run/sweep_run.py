@@ -351,7 +351,7 @@ class SweepRun:
         notes = [*revision_lines(self.revisions.sweep), *library_lines(self.envs), *self.held()]
         text = recording.log_summary(
             self.tracker, self.parent, self.plan, self.outcomes, summary_rows(outs), self.out_dir, pairs, plots, notes,
-            {k: r.timings for k, r in self.loops.items() if r is not None and r.ok},
+            {k: r.timings | {"tokens_agree": r.tokens_agree} for k, r in self.loops.items() if r is not None and r.ok},
         )
         self.tracker.end(self.parent, "FAILED" if failed else "FINISHED")
         return text
