@@ -219,3 +219,8 @@ def test_the_captured_application_runs_on_onnxruntime_beside_its_predicted_gener
     assert all(r["predicted_ms"] > 0 and r["app_measured_ms"] > 0 for r in rows.values())
     summary = client.download_artifacts(parent.info.run_id, "summary.txt", str(tmp_path))
     assert "the application run on each runtime" in Path(summary).read_text()
+    from orchestrator.read.report_build import report
+
+    page = report(uri, parent.info.run_id, "markdown", tmp_path / "report.md")  # rebuilt from the store alone
+    assert "Whole generation, predicted" in page and "the application run on each runtime" in page
+    assert (tmp_path / "report_plots" / "plots" / "generation_ttft_tpot.png").is_file()

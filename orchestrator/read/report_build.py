@@ -13,7 +13,8 @@ from typing import Any
 from orchestrator.common.console import table
 from orchestrator.read.curves import curves_text
 from orchestrator.read.generation import generation_text, generations
-from orchestrator.read.generation_app import AppLoop, app_rows, app_text
+from orchestrator.read.generation_app import ARTIFACT as APP_ARTIFACT
+from orchestrator.read.generation_app import app_text
 from orchestrator.read.history import change_lines, history_of, plot_title
 from orchestrator.read.history_plot import NAME, history_plot
 from orchestrator.read.plots import make_plots, plot_rows
@@ -59,27 +60,12 @@ def report(uri: str | None, ref: str, fmt: str = "markdown", out: Path | None = 
     return "\n".join(lines) + "\n"
 
 
-def app_loops(client: Any, parent: Any) -> list[AppLoop]:
-    """The captured applications' measured loops the sweep's run holds (capture.<label>.app params,
-    <label>.app_* metrics, captures/<label>.json's variants)."""
-    loops = []
-    for key in parent.data.params:
-        label = key.removeprefix("capture.").removesuffix(".app")
-        if not (key.startswith("capture.") and key.endswith(".app")):
-            continue
-        timings = {k.removeprefix(f"{label}."): v for k, v in parent.data.metrics.items() if k.startswith(f"{label}.app_")}
-        record = artifact_json(client, parent.info.run_id, f"captures/{label}.json") or {}
-        if loop := AppLoop.of(label, set(record.get("variants", ())), timings):
-            loops.append(loop)
-    return loops
-
-
 def generation_section(client: Any, parent: Any, prows: list[dict[str, Any]]) -> str:
     """The predicted whole generations and, for a captured application, its loop beside them; or ''."""
     gens = generations(prows)
     if not gens:
         return ""
-    compared = app_text(app_rows(gens, app_loops(client, parent)))
+    compared = app_text(artifact_json(client, parent.info.run_id, APP_ARTIFACT) or [])  # as the sweep compared them
     return generation_text(gens) + (f"\n\n{compared}" if compared else "")
 
 
