@@ -130,32 +130,37 @@ def test_a_captured_application_is_compared_on_each_runtime_with_its_own_time_ou
     assert app_rows(gens, [long], {})[0]["generation"] == "P128 N2000 (deeper than measured: held flat)"
 
 
-def test_a_captured_sweep_prints_and_logs_its_generation_beside_the_applications_loop(tmp_path):
-    """A captured plan (its capture's result given; the capture itself: test_capture.py), every
-    kept call measured: the summary has the generation block and the comparison, the sweep's run
-    generation.json, its table, captures/generation_vs_app.json and the bars."""
+def captured_plan(kept_contexts: tuple[int, ...]):
+    """A captured plan of the bundled application (its capture's result given; the capture
+    itself: test_capture.py): its prompt and decode calls at these contexts kept."""
     from orchestrator.plan.capture import Captures
     from orchestrator.plan.config import validate_all
     from orchestrator.plan.planner import make_plan
-    from orchestrator.run.sweep_run import SweepRun
-    from tasks.specs import AppLoopResult, CaptureResult, PhaseSpec
+    from tasks.specs import CaptureResult, PhaseSpec
     from tests.conftest import capacity, compose_jobs
-    from tests.test_sweep_run import FakeScheduler, FakeTracker, bench_ok, export_ok
 
     app = "examples.generate_app:run"
     configs, overrides = compose_jobs(["phase=captured", f"phase.app={app}"], shrink=False)
     points = validate_all(configs, overrides)
     captures = Captures.of(points, capacity())
     (key,) = captures.specs
-    kept = [
-        PhaseSpec("captured", 1, prompt_len=128, parity_steps=1, app=app, kind="prefill", call=0, inputs="p.npz"),
-        PhaseSpec("captured", 1, context_len=128, app=app, kind="decode", call=1, inputs="d1.npz"),
-        PhaseSpec("captured", 1, context_len=426, app=app, kind="decode", call=299, inputs="d2.npz"),
-    ]
+    kept = [PhaseSpec("captured", 1, prompt_len=128, parity_steps=1, app=app, kind="prefill", call=0, inputs="p.npz")]
+    kept += [PhaseSpec("captured", 1, context_len=c, app=app, kind="decode", call=c - 127, inputs=f"d{c}.npz") for c in kept_contexts]
     timings = {"app_ttft_ms": 5.0, "app_inter_token_ms_mean": 2.0, "app_prefill_forward_ms_median": 4.0, "app_decode_forward_ms_mean": 1.5, "app_calls": 300.0}
     captures.results[key] = CaptureResult(key, True, total_calls=300, kept=kept, timings=timings)
     captures.expand(points)
-    plan = make_plan(points, configs, overrides, capacity(), captures=captures)
+    return make_plan(points, configs, overrides, capacity(), captures=captures), captures.specs[key]
+
+
+def test_a_captured_sweep_prints_and_logs_its_generation_beside_the_applications_loop(tmp_path):
+    """Every kept call measured: the application runs again on the runtime; the summary has the
+    generation block and the comparison, the sweep's run generation.json, its table,
+    captures/generation_vs_app.json and the bars."""
+    from orchestrator.run.sweep_run import SweepRun
+    from tasks.specs import AppLoopResult
+    from tests.test_sweep_run import FakeScheduler, FakeTracker, bench_ok, export_ok
+
+    plan, capture = captured_plan((128, 426))
     tracker = FakeTracker()
     sched = FakeScheduler()
     run = SweepRun(plan, tmp_path, tracker, sched)
@@ -168,7 +173,7 @@ def test_a_captured_sweep_prints_and_logs_its_generation_beside_the_applications
     (loop,) = [s for s in sched.submitted if s[0] == "apploop"]  # the application, again on the runtime
     prompt = plan.variants[0]
     assert loop[1] == prompt.name and loop[2].prefill == prompt.bench and loop[2].decode.phase.context_len == 426
-    assert loop[2].capture == captures.specs[key]
+    assert loop[2].capture == capture
     on_runtime = {"app_ttft_ms": 4.0, "app_inter_token_ms_mean": 1.8, "app_prefill_forward_ms_median": 1.1, "app_decode_forward_ms_mean": 1.0}
     run.on_result("apploop", prompt.name, AppLoopResult(prompt.name, True, timings=on_runtime, tokens_agree=1.0))
     text = run.finish(1.0)
@@ -181,6 +186,18 @@ def test_a_captured_sweep_prints_and_logs_its_generation_beside_the_applications
     assert compared["TTFT"]["predicted_ms"] == pytest.approx(1.003 + 1.0)  # + the app's 1 ms outside its prefill on transformers
     assert "Whole generation, predicted" in text and "the application run on each runtime" in text
     assert ("generation_ttft_tpot.png", "plots") in parent.artifacts
+
+
+
+
+def test_an_application_that_would_outgrow_its_static_export_is_not_run_on_the_runtime():
+    """Its deepest kept decode holds 136 slots, its loop reaches 427: not run (compared with
+    transformers instead); a growing cache would hold it."""
+    from orchestrator.run.app_loops import ready
+
+    plan, _ = captured_plan((128,))
+    done = {pv.name: Outcome(pv.name, Status.OK) for pv in plan.variants}
+    assert plan.variants[1].variant.phase.cache_len == 136 and ready(plan, plan.variants[0].name, done) == []
 
 
 @pytest.mark.slow

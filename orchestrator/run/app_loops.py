@@ -30,16 +30,19 @@ def ready(plan: Plan, name: str, outcomes: dict[str, Outcome]) -> list[tuple[str
         if len(prompts) != 1 or not steps:
             continue
         prompt, deepest = prompts[0], max(steps, key=lambda pv: pv.variant.phase.context_len)
-        capture = _capture_of(plan, prompt.variant.phase.inputs)
-        if capture is not None:
-            spec = AppLoopSpec(key=prompt.name, capture=capture, prefill=prompt.bench, decode=deepest.bench)
-            out.append((prompt.name, spec, prompt.request))
+        capture, calls = _capture_of(plan, prompt.variant.phase.inputs)
+        held = deepest.variant.phase.cache_len  # a fixed cache's slots; None: it grows
+        if capture is None or (held is not None and held < prompt.variant.phase.prompt_len + calls - 1):
+            continue  # the application would outgrow the export (compared with transformers instead, and said so)
+        spec = AppLoopSpec(key=prompt.name, capture=capture, prefill=prompt.bench, decode=deepest.bench)
+        out.append((prompt.name, spec, prompt.request))
     return out
 
 
-def _capture_of(plan: Plan, inputs: str | None) -> Any:
-    """The capture whose kept calls include these recorded inputs."""
+def _capture_of(plan: Plan, inputs: str | None) -> tuple[Any, int]:
+    """The capture whose kept calls include these recorded inputs, and its application's forward
+    calls in one run (batch 1: its new tokens); (None, 0) if none."""
     for key, result in plan.captures.results.items():
         if inputs in {p.inputs for p in result.kept}:
-            return plan.captures.specs[key]
-    return None
+            return plan.captures.specs[key], int(result.timings.get("app_calls", result.total_calls))
+    return None, 0
