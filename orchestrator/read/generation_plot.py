@@ -10,6 +10,11 @@ from orchestrator.read.draw import PALETTE, join_label, pyplot, save
 from orchestrator.read.generation import RULE, generations
 
 
+def _ms(v: float) -> str:
+    """1,012 ms, 66.1 ms, 0.098 ms: whole milliseconds from 100 up, never an exponent."""
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
 def _label(g: Any, models: int) -> str:
     return join_label(g.model if models > 1 else "", g.backend, g.device, f"(P{g.prompt} N{g.new_tokens}, B{g.batch})")
 
@@ -30,8 +35,8 @@ def generation_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     right.errorbar([g.tpot_ms_mean for g in gens], y, xerr=[[0] * len(gens), [g.tpot_ms_p90 - g.tpot_ms_mean for g in gens]],
                    fmt="none", ecolor="0.25", capsize=4)  # fmt: skip
     for i, g in enumerate(gens):
-        left.annotate(f"{g.ttft_ms:.3g} ms", (g.ttft_ms, i), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
-        right.annotate(f"{g.tpot_ms_mean:.3g} ms (p90 {g.tpot_ms_p90:.3g}), {g.tokens_per_s:,.0f} tok/s", (g.tpot_ms_p90, i),
+        left.annotate(f"{_ms(g.ttft_ms)} ms", (g.ttft_ms, i), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+        right.annotate(f"{_ms(g.tpot_ms_mean)} ms (p90 {_ms(g.tpot_ms_p90)}), {g.tokens_per_s:,.0f} tok/s", (g.tpot_ms_p90, i),
                        xytext=(6, 0), textcoords="offset points", va="center", fontsize=8)  # fmt: skip
     left.set_yticks(y, labels, fontsize=9)
     left.set_ylim(len(gens) - 0.5, -0.5)
