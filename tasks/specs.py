@@ -213,6 +213,27 @@ class CaptureResult:
 
 
 @dataclass(frozen=True)
+class AppLoopSpec:
+    """A captured application run again with its model's forward answered by a runtime's sessions
+    of the captured prefill and decode exports (tasks/app_loop.py): the loop a user of
+    that runtime feels, timed as the capture timed the application."""
+
+    key: str  # the captured variants' job: what the driver files the result under
+    capture: CaptureSpec  # the application, its model and threads
+    prefill: BenchSpec  # the captured prompt's variant
+    decode: BenchSpec  # a captured decode variant whose export holds every depth the loop reaches
+
+
+@dataclass
+class AppLoopResult:
+    key: str
+    ok: bool
+    timings: dict[str, float] = field(default_factory=dict)  # as CaptureResult.timings: app_ttft_ms, ...
+    tokens_agree: float | None = None  # share of the generated tokens equal to the application's own on transformers
+    failure: Failure | None = None
+
+
+@dataclass(frozen=True)
 class QualitySpec:
     """What the export stores for the quality measurement (tasks/phases/_quality.py)."""
 

@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 # lowest first; a room is a subpackage, or a top-level module named by its stem
 FLOORS = {
     "orchestrator": [("common",), ("plan",), ("record",), ("read",), ("run",), ("entry", "launcher", "help", "compare", "report", "replay", "bisect")],
-    "tasks": [("specs", "registry", "contract"), ("measure",), ("worker",), ("model",), ("export",), ("phases",), ("runtimes",), ("jobs", "paired", "quality_windows", "depth_series")],
+    "tasks": [("specs", "registry", "contract"), ("measure",), ("worker",), ("model",), ("export",), ("phases",), ("runtimes",), ("jobs", "paired", "quality_windows", "depth_series", "app_loop")],
 }
 
 

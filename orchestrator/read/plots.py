@@ -25,6 +25,8 @@ from orchestrator.read.draw import (
     save,
     suffix,
 )
+from orchestrator.read.generation import PROMPT_LEN
+from orchestrator.read.generation_plot import generation_plot
 from orchestrator.read.quality_plot import quality_plot
 from orchestrator.read.trend_plots import CONTEXT_LEN, context_plot, memory_plot, speedup_plot
 
@@ -35,7 +37,8 @@ MEMORY = "plots/latency_vs_memory.png"
 QUALITY = "plots/speed_vs_quality.png"
 DEPTH = "plots/latency_vs_depth.png"
 BATCH_PLOT = "plots/throughput_vs_batch.png"
-PLOT_PARAMS = (CONTEXT_LEN, BATCH)
+GENERATION = "plots/generation_ttft_tpot.png"
+PLOT_PARAMS = (CONTEXT_LEN, BATCH, PROMPT_LEN)
 
 
 def plot_rows(outcomes: list[Outcome], params: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -68,7 +71,7 @@ def make_plots(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     written = []
     drawn = ((LATENCY, latency_plot), (CONTEXT, context_plot), (SPEEDUP, speedup_plot), (MEMORY, memory_plot))
-    curves = ((DEPTH, depth_plot), (BATCH_PLOT, batch_plot))
+    curves = ((DEPTH, depth_plot), (BATCH_PLOT, batch_plot), (GENERATION, generation_plot))
     for rel, draw in (*drawn, (QUALITY, quality_plot), *curves):
         path = out_dir / rel
         path.parent.mkdir(parents=True, exist_ok=True)

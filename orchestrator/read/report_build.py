@@ -12,10 +12,13 @@ from typing import Any
 
 from orchestrator.common.console import table
 from orchestrator.read.curves import curves_text
+from orchestrator.read.generation import generation_text, generations
+from orchestrator.read.generation_app import ARTIFACT as APP_ARTIFACT
+from orchestrator.read.generation_app import app_text
 from orchestrator.read.history import change_lines, history_of, plot_title
 from orchestrator.read.history_plot import NAME, history_plot
 from orchestrator.read.plots import make_plots, plot_rows
-from orchestrator.read.store import find_sweep, load_sweep, open_store
+from orchestrator.read.store import artifact_json, find_sweep, load_sweep, open_store
 from orchestrator.read.summary import markdown_table, summary_rows
 from orchestrator.record.revision import revision_lines
 
@@ -37,9 +40,11 @@ def report(uri: str | None, ref: str, fmt: str = "markdown", out: Path | None = 
     if fmt == "csv":
         return csv_text(rows)
     prows = plot_rows(outcomes, params)
+    generated = generation_section(client, parent, prows)
     if fmt == "html":
         with tempfile.TemporaryDirectory() as tmp:
-            return _html(parent, rows, make_plots(prows, tmp), history_section(client, parent, Path(tmp)))
+            sections = (f"<h2>Whole generation</h2>\n<pre>{html.escape(generated)}</pre>\n" if generated else "")
+            return _html(parent, rows, make_plots(prows, tmp), sections + history_section(client, parent, Path(tmp)))
     base = (out.parent if out else Path.cwd()) / f"{out.stem if out else parent.info.run_name}_plots"
     plots = make_plots(prows, base)
     command = parent.data.params.get("command")
@@ -49,8 +54,19 @@ def report(uri: str | None, ref: str, fmt: str = "markdown", out: Path | None = 
     lines += ["", markdown_table(rows), ""]
     if curves := curves_text(outcomes, params):  # depth series, batch sweeps and their knees
         lines += ["```", curves, "```", ""]
+    if generated:  # the predicted whole generations, and a captured application's loop beside them
+        lines += ["```", generated, "```", ""]
     lines += [f"![{p.stem}]({base.name}/{p.relative_to(base).as_posix()})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+def generation_section(client: Any, parent: Any, prows: list[dict[str, Any]]) -> str:
+    """The predicted whole generations and, for a captured application, its loop beside them; or ''."""
+    gens = generations(prows)
+    if not gens:
+        return ""
+    compared = app_text(artifact_json(client, parent.info.run_id, APP_ARTIFACT) or [])  # as the sweep compared them
+    return generation_text(gens) + (f"\n\n{compared}" if compared else "")
 
 
 def figures(plots: list[Path]) -> str:

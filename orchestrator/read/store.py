@@ -79,8 +79,9 @@ def find_sweep(client: Any, ref: str) -> Any:
 
 
 def artifact_json(client: Any, run_id: str, name: str) -> Any:
-    """A run's JSON artifact at its root, or None when it has none."""
-    if name not in {a.path for a in client.list_artifacts(run_id)}:
+    """A run's JSON artifact (`captures/x.json`: in its folder), or None when it has none."""
+    folder = Path(name).parent.as_posix()
+    if name not in {a.path for a in client.list_artifacts(run_id, None if folder == "." else folder)}:
         return None
     with tempfile.TemporaryDirectory() as tmp:
         return json.loads(Path(client.download_artifacts(run_id, name, tmp)).read_text())

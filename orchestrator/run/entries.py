@@ -11,7 +11,7 @@ from pathlib import Path
 
 from orchestrator.run.fork_hosts import fork_folder
 from tasks.model.hub import local_model
-from tasks.specs import BenchResult, CaptureResult, ExportResult, Failure
+from tasks.specs import AppLoopResult, BenchResult, CaptureResult, ExportResult, Failure
 from tasks.worker.forks import EXPORT_SERVER, bench_server
 
 
@@ -75,6 +75,19 @@ def capture_entry(spec, timeout_s, _forks):
     if failure:
         return CaptureResult(spec.key, ok=False, failure=failure)
     return capture_in_fresh_process(spec, timeout_s)
+
+
+def app_loop_entry(spec, timeout_s, _forks):
+    """A captured application run again on a runtime (tasks/app_loop.py), spawned: the
+    application's imports and both sessions are its own. It reads the exports where the sweep
+    made them (a local Ray, or a cluster's shared cache folder)."""
+    # lazy: numpy and this kind's modules; every Ray worker imports this module
+    from tasks.app_loop import app_loop_in_fresh_process
+
+    capture, failure = on_this_node(spec.capture)
+    if failure:
+        return AppLoopResult(spec.key, ok=False, failure=failure)
+    return app_loop_in_fresh_process(replace(spec, capture=capture), timeout_s)
 
 
 def pair_entry(spec, timeout_s, _forks, packed=(None, None)):

@@ -15,6 +15,11 @@ from orchestrator.common.outcome import Outcome
 from orchestrator.plan.planner import Plan
 from orchestrator.plan.variant import Variant
 from orchestrator.read.curves import curves_text
+from orchestrator.read.generation import ARTIFACT as GENERATION
+from orchestrator.read.generation import TABLE as GENERATION_TABLE
+from orchestrator.read.generation import generation_record, generation_rows, generation_text, generations
+from orchestrator.read.generation_app import ARTIFACT as GENERATION_VS_APP
+from orchestrator.read.generation_app import AppLoop, app_rows, app_text
 from orchestrator.read.plots import make_plots, plot_rows, profile_plot
 from orchestrator.read.stats import compare_paired
 from orchestrator.read.summary import sweep_note
@@ -115,9 +120,11 @@ def log_pair(tracker: Tracker, a: Outcome, b: Outcome, result: Any) -> dict[str,
 def log_summary(
     tracker: Tracker, parent: str, plan: Plan, outcomes: dict[str, Outcome], rows: list[dict], out_dir: Path,
     pairs: list[dict[str, str]] | None = None, plots: bool = True, notes: list[str] | None = None,
+    on_runtime: dict[str, dict[str, float]] | None = None,
 ) -> str:
     """The sweep's summary (text, JSON, an MLflow table and the run's note) and, with `plots`,
-    its plots; returns the text. `notes`: lines below the table (the code measured, alerts)."""
+    its plots; returns the text. `notes`: lines below the table (the code measured, alerts);
+    `on_runtime`: a captured application's timings on each runtime, by its prompt variant."""
     text = table(rows) + ("\n\n" + "\n".join(notes) if notes else "")
     if pairs:  # hydra.launcher.pair: each pair timed interleaved
         tracker.log_dict(parent, pairs, "pairs.json")
@@ -135,6 +142,8 @@ def log_summary(
     params.update({s.name: s.variant.params for s in plan.skipped})
     if curves := curves_text(list(outcomes.values()), params):  # depth series, batch sweeps and their knees
         text += "\n\n" + curves
+    if generated := log_generation(tracker, parent, plan, plot_rows(list(outcomes.values()), params), on_runtime or {}):
+        text += "\n\n" + generated
     tracker.log_text(parent, text + "\n", "summary.txt")
     tracker.log_dict(parent, rows, "summary.json")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -148,4 +157,34 @@ def log_summary(
     tracker.log(parent, tags={"mlflow.note.content": sweep_note(command, rows, plots=shown, run_id=parent)})
     if rows:
         tracker.log_table(parent, rows, "summary_table.json")
+    return text
+
+
+def app_loops(plan: Plan) -> list[AppLoop]:
+    """Each captured application's own measured loop, with the variants of its kept calls."""
+    if not plan.captures:
+        return []
+    phases = {pv.name: pv.variant.phase for pv in plan.variants}
+    loops = []
+    for key, result in plan.captures.results.items():
+        inputs = {p.inputs for p in result.kept}
+        loop = AppLoop.of(plan.captures.labels[key], {n for n, ph in phases.items() if ph.inputs in inputs}, result.timings)
+        if loop is not None:
+            loops.append(loop)
+    return loops
+
+
+def log_generation(tracker: Tracker, parent: str, plan: Plan, rows: list[dict[str, Any]], on_runtime: dict[str, dict[str, float]]) -> str:
+    """The predicted whole generations (orchestrator/read/generation.py, from the plots' `rows`)
+    on the sweep's run, and for a captured application the prediction beside its measured loop;
+    their text, or ''."""
+    gens = generations(rows)
+    if not gens:
+        return ""
+    tracker.log_dict(parent, generation_record(gens), GENERATION)
+    tracker.log_table(parent, generation_rows(gens), GENERATION_TABLE)
+    text = generation_text(gens)
+    if rows := app_rows(gens, app_loops(plan), on_runtime):
+        tracker.log_dict(parent, rows, GENERATION_VS_APP)
+        text += "\n\n" + app_text(rows)
     return text

@@ -33,7 +33,7 @@ from tasks.worker.transfer import localise, node_entry
 
 log = logging.getLogger("phasesweep")
 
-STAGES = {"export": "export", "bench": "benchmark", "capture": "capture", "pair": "benchmark", "remeasure": "benchmark"}  # task kind -> a Failure's stage
+STAGES = {"export": "export", "bench": "benchmark", "capture": "capture", "pair": "benchmark", "remeasure": "benchmark", "apploop": "benchmark"}  # task kind -> a Failure's stage
 # Ray errors after which a task runs again (up to cluster.max_retries): its process or node went away
 RETRIABLE = ("WorkerCrashedError", "NodeDiedError", "OutOfMemoryError", "ActorDiedError")
 # the driver's backstop beyond cluster.task_timeout_s (which the task's process enforces): a worker's start-up
@@ -136,6 +136,7 @@ class Scheduler:
             "bench": ray.remote(entries.bench_entry),
             "capture": ray.remote(max_calls=1)(entries.capture_entry),  # in a worker that ends after it
             "pair": ray.remote(entries.pair_entry),
+            "apploop": ray.remote(max_calls=1)(entries.app_loop_entry),  # a captured application on a runtime
             "remeasure": ray.remote(entries.remeasure_entry),
         }
         self._node = entries.node_id()

@@ -23,13 +23,13 @@ from orchestrator.read.summary import parity_value, summary_rows
 from orchestrator.record.links import ui_command, ui_lines
 from orchestrator.record.revision import Revisions, library_lines, revision_lines
 from orchestrator.record.tracking import Tracker
-from orchestrator.run import recording
+from orchestrator.run import app_loops, recording
 from orchestrator.run.progress import Progress
 from orchestrator.run.recording import axes, config_yaml
 from orchestrator.run.scheduler import Scheduler, beside
 from tasks.measure.bench import pool_repeats
 from tasks.paired import PairOptions, PairSpec
-from tasks.specs import BenchResult, ExportResult, Failure
+from tasks.specs import AppLoopResult, BenchResult, ExportResult, Failure
 from tasks.worker.envs import said
 
 HEARTBEAT_S = 30.0  # how often the sweep's run is told its driver is alive
@@ -43,6 +43,7 @@ class SweepRun:
         self.plan, self.out_dir, self.tracker, self.sched = plan, out_dir, tracker, sched
         self.outcomes: dict[str, Outcome] = {}
         self.pairs: dict[str, dict[str, Any]] = {}  # hydra.launcher.pair: candidate -> its pair's row
+        self.loops: dict[str, AppLoopResult | None] = {}  # phase=captured: prompt variant -> its application on the runtime
         self.parent: str | None = None
         self.repeats: dict[str, list[BenchResult]] = {}  # variant -> results of its processes so far
         self.envs: dict[str, dict[str, str]] = {}  # variant -> its env.* tags: where it ran, library versions
@@ -160,6 +161,8 @@ class SweepRun:
             self.on_retry(key, result)
         elif kind == "pair":
             self.on_pair(key, result)
+        elif kind == "apploop":
+            self.on_app_loop(key, result)
         elif kind == "export":
             self.on_export(key, result)
         else:
@@ -219,6 +222,20 @@ class SweepRun:
         a, b = key.split("|")
         self.pairs[b] = recording.log_pair(self.tracker, self.outcomes[a], self.outcomes[b], result)
         say(f"  paired    {b:<44} {self.pairs[b]['verdict']} vs {a}: {self.pairs[b]['ratio']}")
+
+    def app_loop(self, name: str) -> None:
+        """phase=captured: once every variant of a captured job ended ok, its application runs again on its runtime."""
+        for key, spec, request in app_loops.ready(self.plan, name, self.outcomes):
+            if key not in self.loops:
+                self.loops[key] = None
+                self.sched.submit("apploop", key, spec, request)
+
+    def on_app_loop(self, key: str, result: AppLoopResult | Failure) -> None:
+        self.loops[key] = result if isinstance(result, AppLoopResult) else AppLoopResult(key, False, failure=result)
+        t = self.loops[key].timings
+        said = f"TTFT {t['app_ttft_ms']:.2f} ms, inter-token {t['app_inter_token_ms_mean']:.3f} ms mean" if self.loops[key].ok else ""
+        said += f", tokens as on transformers {self.loops[key].tokens_agree:.0%}" if said else ""
+        say(f"  app loop  {key:<44} {said or 'failed: ' + self.loops[key].failure.error}")
 
     def on_export(self, key: str, result: ExportResult | Failure) -> None:
         model = self.log_model(key, result) if isinstance(result, ExportResult) and result.ok else {}
@@ -281,6 +298,7 @@ class SweepRun:
         self.tracker.log(o.run_id, tags={"status": Status.OK, "unstable": o.unstable, "parity": "passed"})
         self.tracker.end(o.run_id, "FINISHED")
         self.pairs_of(name)
+        self.app_loop(name)
         self.progress.ended(
             name,
             Status.OK,
@@ -333,7 +351,8 @@ class SweepRun:
         pairs = list(self.pairs.values())
         notes = [*revision_lines(self.revisions.sweep), *library_lines(self.envs), *self.held()]
         text = recording.log_summary(
-            self.tracker, self.parent, self.plan, self.outcomes, summary_rows(outs), self.out_dir, pairs, plots, notes
+            self.tracker, self.parent, self.plan, self.outcomes, summary_rows(outs), self.out_dir, pairs, plots, notes,
+            {k: r.timings | {"tokens_agree": r.tokens_agree} for k, r in self.loops.items() if r is not None and r.ok},
         )
         self.tracker.end(self.parent, "FAILED" if failed else "FINISHED")
         return text

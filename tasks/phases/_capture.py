@@ -98,7 +98,7 @@ def _inputs(recorder: Recorder, call: dict[str, Any], steps: int) -> dict[str, n
     return arrays
 
 
-def _timings(runs: list[tuple[int, int, list[tuple[int, int, bool]]]]) -> tuple[dict[str, float], list[int]]:
+def timings(runs: list[tuple[int, int, list[tuple[int, int, bool]]]]) -> tuple[dict[str, float], list[int]]:
     """The application's own figures from the timed runs: (app start, app end, forward spans)."""
     ttft, walls, outside, prefill, decode, gaps = [], [], [], [], [], []
     for start, end, spans in runs:
@@ -120,11 +120,13 @@ def _timings(runs: list[tuple[int, int, list[tuple[int, int, bool]]]]) -> tuple[
     if gaps:
         p10, p50, p90 = (float(q) for q in np.percentile(gaps, [10, 50, 90]) / 1e6)
         out.update(app_inter_token_ms_median=p50, app_inter_token_ms_p10=p10, app_inter_token_ms_p90=p90)
+        out["app_inter_token_ms_mean"] = float(np.mean(gaps)) / 1e6  # what a generation's TPOT averages
         out["app_decode_tokens_per_s"] = 1e3 / p50
     if prefill:
         out["app_prefill_forward_ms_median"] = float(np.median(prefill)) / 1e6
     if decode:
         out["app_decode_forward_ms_median"] = float(np.median(decode)) / 1e6
+        out["app_decode_forward_ms_mean"] = float(np.mean(decode)) / 1e6
     return out, [int(g) for g in gaps]
 
 
@@ -188,9 +190,9 @@ def capture_job(spec: CaptureSpec) -> CaptureResult:
                 f"can represent: {'; '.join(result.notes)}"
             )
         del recorder
-        runs = _timed_runs(spec.options.timed_runs, app, model)
+        runs = timed_runs(spec.options.timed_runs, app, model)
         if runs and all(r[2] for r in runs):
-            result.timings, result.inter_token_ns = _timings(runs)
+            result.timings, result.inter_token_ns = timings(runs)
             result.at_calls = _near([p.call for p in result.kept], runs)
         result.ok = True
     except _Ended as e:
@@ -239,7 +241,7 @@ def _keep(spec: CaptureSpec, recorder: Recorder, calls: list[dict[str, Any]]) ->
     return kept
 
 
-def _timed_runs(n: int, app: Any, model: Any) -> list[tuple[int, int, list]]:
+def timed_runs(n: int, app: Any, model: Any) -> list[tuple[int, int, list]]:
     """(start ns, end ns, the model calls' spans) of `n` runs of the application."""
     runs = []
     for _ in range(n):

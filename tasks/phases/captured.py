@@ -26,14 +26,15 @@ import numpy as np
 from tasks.model.tensors import to_torch
 from tasks.phases import decode, prefill
 from tasks.phases._calls import KINDS, SELECT, describe, parse_app, read_inputs, summary
-from tasks.phases._capture import capture_in_fresh_process, capture_job
+from tasks.phases._capture import capture_in_fresh_process, capture_job, load_app, timed_runs, timings
 from tasks.phases._common import PhaseData
 from tasks.specs import IN_GRAPH_KV_CACHES, CaptureOptions, ConfigError, PhaseSpec, at_least, choice
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["capture_in_fresh_process", "capture_job", "describe", "summary"]  # the capture, for the driver
+# the capture for the driver; the application loaded and timed again on a runtime (tasks/app_loop.py)
+__all__ = ["capture_in_fresh_process", "capture_job", "describe", "load_app", "summary", "timed_runs", "timings"]
 
 # keys that set captured variants apart in their names even though no one swept them
 NAMING_KEYS = ("phase.app", "phase.batch", "phase.prompt_len", "phase.context_len")

@@ -13,7 +13,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from tasks.measure.machine import die_with_parent
-from tasks.specs import BenchResult, CaptureResult, CaptureSpec, ExportResult, ExportSpec, Failure
+from tasks.specs import (
+    AppLoopResult,
+    AppLoopSpec,
+    BenchResult,
+    CaptureResult,
+    CaptureSpec,
+    ExportResult,
+    ExportSpec,
+    Failure,
+)
 from tasks.worker import forks as fork_server
 
 
@@ -92,9 +101,11 @@ def _ended(spec: Any, stage: str, timeout_s: float | None, kind: str, value: Any
     return failed(spec, Failure(stage, f"the {stage} process died: {_death(value)}"))
 
 
-def failed(spec: Any, failure: Failure) -> ExportResult | BenchResult | CaptureResult:
+def failed(spec: Any, failure: Failure) -> ExportResult | BenchResult | CaptureResult | AppLoopResult:
     if isinstance(spec, ExportSpec):
         return ExportResult(key=spec.key, out_dir=spec.out_dir, ok=False, failure=failure)
     if isinstance(spec, CaptureSpec):
         return CaptureResult(key=spec.key, ok=False, failure=failure)
+    if isinstance(spec, AppLoopSpec):
+        return AppLoopResult(key=spec.key, ok=False, failure=failure)
     return BenchResult(spec.variant, ok=False, failure=failure)
