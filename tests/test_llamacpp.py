@@ -38,11 +38,19 @@ def test_it_plans_a_gguf_per_model_phase_and_quant_and_names_its_variants():
         (["model.quant=int4", "model.quant_group=64"], "backend llamacpp: llama.cpp's Q4_0 has blocks of 32 weights, not model.quant_group=64"),
         (["model.kv_cache=dynamic"], "backend llamacpp cannot run model.kv_cache=dynamic: llama.cpp keeps its KV cache in its context"),
         (["device=cuda"], "backend llamacpp does not run on device=cuda (backend.devices: cpu)"),
+        (["model=gemma2"], "backend llamacpp does not run model.family=gemma2 yet: its logits came out 0.24 off"),
+        (["model=mistral"], "backend llamacpp: llama.cpp runs model.family=mistral as its llama architecture, which attends to the whole cache, and the model's sliding_window=8 is shorter than the 32 positions"),
     ],
 )
 def test_what_it_cannot_make_or_run_is_planned_as_skipped_with_the_reason(overrides, reason):
     plan = plan_jobs(["backend=llamacpp", "phase=decode", *overrides])
     assert not plan.variants and plan.skipped[0].reason.startswith(reason), plan.skipped
+
+
+@needs_llamacpp
+def test_a_window_llamacpp_ignores_is_planned_where_the_calls_fit_in_it():
+    plan = plan_jobs(["backend=llamacpp", "model=mistral", "phase=prefill", "phase.prompt_len=8"])
+    assert [pv.name for pv in plan.variants] == ["mistral_prefill_llamacpp_cpu"], plan.skipped
 
 
 @needs_llamacpp
