@@ -140,3 +140,11 @@ def test_a_small_sweep_runs_every_point_or_skips_it_with_a_reason(tmp_path, mlfl
         else:
             assert o.status == "ok", (name, o.error)
             assert o.metrics["parity_max_rel_error"] <= (1e-3 if name.endswith("_cpu") else 0.7), (name, o.metrics)
+
+
+def test_a_cache_type_it_does_not_know_is_refused_before_any_work():
+    from orchestrator.plan.config import ConfigError, validate_all
+
+    configs, overrides = compose_jobs(["backend=llamacpp", "backend.options.cache_type=q8"])
+    with pytest.raises(ConfigError, match=r"backend.options.cache_type='q8' is not allowed; choose one of: auto, f32, f16"):
+        validate_all(configs, overrides)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,19 @@ import numpy as np
 
 from tasks.contract import Runtime
 from tasks.measure.session import Session
-from tasks.specs import BenchSpec
+from tasks.specs import BenchSpec, choice
 
 UBATCH = 512  # llama-bench's default n_ubatch
+CACHE_TYPES = ("auto", "f32", "f16")  # auto: f32 for a float32 model, else llama.cpp's default f16
+
+
+@dataclass(frozen=True)
+class Options:
+    cache_type: str = "auto"  # the KV cache's type (llama-bench takes f16, not f32: compare with f16)
+
+    def __post_init__(self) -> None:
+        choice("backend.options.cache_type", self.cache_type, CACHE_TYPES)
+
 WARN = 3  # GGML_LOG_LEVEL_WARN: llama.cpp's notes below it (every load prints dozens) are dropped
 
 
@@ -73,9 +84,11 @@ class LlamaCppSession(Session):
         params = lc.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = capacity, capacity, min(capacity, UBATCH), rows
         params.n_threads = params.n_threads_batch = threads
-        if spec.model.dtype == "float32":  # float32 arithmetic throughout, as the reference's
-            params.type_k = params.type_v = lc.GGML_TYPE_F32  # llama.cpp's default F16 cache rounds every key
-            params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED  # its CPU kernel rounds the queries to F16
+        if spec.model.dtype == "float32":  # its CPU flash-attention kernel rounds the queries to F16
+            params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cache = Options(**spec.runtime_options).cache_type
+        if cache == "f32" or (cache == "auto" and spec.model.dtype == "float32"):  # llama.cpp's F16 cache rounds every key
+            params.type_k = params.type_v = lc.GGML_TYPE_F32
         params.no_perf = True
         self.ctx = lc.llama_init_from_model(self.model, params)
         if not self.ctx:
@@ -162,6 +175,7 @@ class LlamaCppSession(Session):
 
 
 class LlamaCppRuntime(Runtime):
+    Options = Options
     LIBRARIES = ("llama-cpp-python",)
     REQUIRES = ("llama-cpp-python",)
     PRELOAD = ("llama_cpp",)
