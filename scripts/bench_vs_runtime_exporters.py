@@ -4,7 +4,8 @@ A benchmark, not a test. One Llama-architecture checkpoint (random seeded weight
 125M parameters by default) is written with save_pretrained, then each runtime's anchor
 module (scripts/anchors/) exports it twice or more: with phasesweep's paths and with the
 runtime's own exporter (ONNX Runtime GenAI's model builder and generator; ExecuTorch's
-export_llama with its custom ops and XNNPACK). Every contender then runs the same calls,
+export_llama with its custom ops and XNNPACK; for llama.cpp, phasesweep's GGUF run by its
+session against llama.cpp's own llama-bench on the same file, which times its own calls). Every contender then runs the same calls,
 interleaved: each round visits the contenders in a fresh random order and times a short
 block of calls of each, so a change of machine speed falls on all of them alike. The
 ratio of each contender to the runtime's own export is the median of the per-round ratios
@@ -14,6 +15,7 @@ of block medians, with a bootstrap 95% interval.
     python scripts/bench_vs_runtime_exporters.py                       # both runtimes
     python scripts/bench_vs_runtime_exporters.py --runtimes executorch --contexts 128 --rounds 10
     python scripts/bench_vs_runtime_exporters.py --json figures.json   # the figures, for the docs
+    pip install -e '.[llamacpp]' && python scripts/bench_vs_runtime_exporters.py --runtimes llamacpp --quant none,int4
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scripts.anchors.llamacpp import ProcessTimed  # noqa: E402  (after the repository is on the path)
+
 # the issue's 125M Llama-architecture model: 12 layers, hidden 768, 12 heads, 4 KV heads
 ARCH = {
     "hidden_size": 768,
@@ -49,7 +53,8 @@ ARCH = {
     "eos_token_id": 2,
     "pad_token_id": 0,
 }
-ANCHORS = {"onnxruntime": "genai_generator", "executorch": "export_llama"}  # each runtime's own exporter
+# each runtime's own exporter or tool
+ANCHORS = {"onnxruntime": "genai_generator", "executorch": "export_llama", "llamacpp": "llama_bench"}
 
 
 def write_checkpoint(folder: Path, arch: dict, seed: int) -> tuple[Path, Path]:
@@ -84,12 +89,14 @@ def write_checkpoint(folder: Path, arch: dict, seed: int) -> tuple[Path, Path]:
     return ckpt, params_json
 
 
-def build(runtime: str, ckpt: Path, params_json: Path, work: Path, threads: int, max_len: int) -> dict:
+def build(runtime: str, ckpt: Path, params_json: Path, work: Path, threads: int, max_len: int, quant: str) -> dict:
     module = importlib.import_module(f"scripts.anchors.{runtime}")  # their own exports live in `work`
     folder = work / f"{runtime}-anchors"  # a cwd ending in "executorch" changes what export_llama imports
     folder.mkdir(exist_ok=True)
     if runtime == "executorch":
         return module.build(ckpt, params_json, folder, threads, max_len=max_len)
+    if runtime == "llamacpp":
+        return module.build(ckpt, folder, threads, quant=quant)
     return module.build(ckpt, folder, threads)
 
 
@@ -107,6 +114,9 @@ def interleaved(
         rng.shuffle(order)
         for name in order:
             call = prepare[name]() if name in grows and r else calls[name]
+            if isinstance(call, ProcessTimed):  # a tool that times its own calls (llama-bench, its own warm-up)
+                medians[name].append(statistics.median(call.block(block)))
+                continue
             for _ in range(warmup):
                 call()
             times = []
@@ -126,7 +136,7 @@ def paired_ratio(a: list[float], b: list[float], seed: int, resamples: int = 200
     return statistics.median(ratios), boots[int(0.025 * resamples)], boots[int(0.975 * resamples) - 1]
 
 
-def measure(contenders: dict, runtime: str, what: str, length: int, args) -> list[dict]:
+def measure(contenders: dict, runtime: str, what: str, length: int, args, quant: str = "none") -> list[dict]:
     anchor = ANCHORS[runtime]
     method = "decode" if what == "decode" else "prefill"
     prepare = {name: (lambda c=c: getattr(c, method)(length)) for name, c in contenders.items()}
@@ -139,7 +149,7 @@ def measure(contenders: dict, runtime: str, what: str, length: int, args) -> lis
         rows.append(
             {
                 "runtime": runtime,
-                "measure": f"{what}@{length}",
+                "measure": f"{what}@{length}" + (f" {quant}" if quant != "none" else ""),
                 "contender": name,
                 "median_ms": statistics.median(values),
                 "ms_per_token": per_token,
@@ -165,7 +175,8 @@ def report(rows: list[dict], runtime: str | None = None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runtimes", default="onnxruntime,executorch", help="comma-separated: onnxruntime, executorch")
+    p.add_argument("--runtimes", default="onnxruntime,executorch", help="comma-separated: onnxruntime, executorch, llamacpp")
+    p.add_argument("--quant", default="none", help="llamacpp: comma-separated model.quant values (none, int8, int4, q4_k_m)")
     p.add_argument("--contexts", default="128,1024", help="decode context lengths")
     p.add_argument("--prompt", type=int, default=128, help="prefill prompt length (0: no prefill)")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads of every contender")
@@ -190,14 +201,14 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         ckpt, params_json = write_checkpoint(work, arch, args.seed)
         rows: list[dict] = []
-        for runtime in runtimes:
+        for runtime, quant in [(r, q) for r in runtimes for q in (args.quant.split(",") if r == "llamacpp" else ["none"])]:
             t0 = time.perf_counter()
-            contenders = build(runtime, ckpt, params_json, work, args.threads, max_len)
+            contenders = build(runtime, ckpt, params_json, work, args.threads, max_len, quant)
             print(f"{runtime}: built {', '.join(contenders)} in {time.perf_counter() - t0:.0f} s")
             for ctx in contexts:
-                rows += measure(contenders, runtime, "decode", ctx, args)
+                rows += measure(contenders, runtime, "decode", ctx, args, quant)
             if args.prompt:
-                rows += measure(contenders, runtime, "prefill", args.prompt, args)
+                rows += measure(contenders, runtime, "prefill", args.prompt, args, quant)
             del contenders
             report(rows, runtime)
 

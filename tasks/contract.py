@@ -62,6 +62,9 @@ class Point:
     phase: PhaseSpec
     export_options: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
+    # the model's transformers config (a size preset's, or the checkpoint's config.json): the
+    # shapes a format's limits() may read (llama.cpp's k-quants need rows of a multiple of 256)
+    arch: Mapping[str, Any] = field(default_factory=dict)
 
     def value(self, key: str) -> Any:
         """`model.kv_cache` -> the model's kv_cache; `phase.app` -> the phase's app."""
@@ -165,10 +168,14 @@ class ExportFormat(Part):
     kind (transposes, copies, casts) for the anatomy (tasks/export/_anatomy.py); {} without an
     artifact. name_tag(options): what variant names add after the backend's name ("genai").
     A format makes no quantised model unless its QUANTS says so (quantising in export() from
-    description["model"], after the float reference was made)."""
+    description["model"], after the float reference was made).
+    OWN_CACHE: its runtime keeps the KV cache itself, in place (llama.cpp's context), whatever
+    model.kv_cache says: export() gets the transformers model (no phase graph), and the phase's
+    data is made as for an in-graph cache (the context's tokens; no past inputs, no present outputs)."""
 
     RESOURCES: ClassVar[Mapping[str, Any]] = {"num_cpus": 1}
     MOVEMENT: ClassVar[Mapping[str, frozenset[str]]] = {}
+    OWN_CACHE: ClassVar[bool] = False
 
     def name_tag(self, options: Mapping[str, Any]) -> str:
         return ""

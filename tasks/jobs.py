@@ -37,7 +37,7 @@ from tasks.phases import phase_module
 from tasks.quality_windows import make_quality
 from tasks.quality_windows import measure as measure_quality
 from tasks.runtimes import runtime_module
-from tasks.specs import BenchResult, BenchSpec, ExportResult, ExportSpec, Failure
+from tasks.specs import IN_GRAPH_KV_CACHES, BenchResult, BenchSpec, ExportResult, ExportSpec, Failure
 from tasks.worker import envs, forks
 from tasks.worker.entries import (
     INPUTS,
@@ -103,19 +103,19 @@ def _export_into(spec: ExportSpec, tmp: Path) -> dict[str, Any]:
     import torch  # lazy: torch, only in a job's process
 
     phase = phase_module(spec.phase.name)
+    fmt = format_module(spec.export_format)
     m = spec.model
     model = build_model(m)
     dims = model_dims(model)
     phase.check(spec.phase, dims)
-    data = phase.make_data(model, spec.phase, m.kv_cache, dims)
-    quality, quality_note = make_quality(model, phase, spec, dims)  # before the swap: the eager model's own
-    graph = phase.build_graph(model, spec.phase, m.family, m.kv_cache, m.attention)
-    input_names, output_names = phase.io_names(spec.phase, dims["layers"], m.kv_cache)
-    description = describe(spec, dims, _signature(input_names, data.example_args()), _outputs(graph, data, output_names))
+    kv_cache = IN_GRAPH_KV_CACHES[0] if fmt.OWN_CACHE else m.kv_cache  # its runtime fills its own cache
+    data = phase.make_data(model, spec.phase, kv_cache, dims)
+    quality, quality_note = make_quality(model, phase, spec, dims, kv_cache)  # before the swap: the eager model's own
+    input_names, output_names = phase.io_names(spec.phase, dims["layers"], kv_cache)
+    graph, outputs = _graph(fmt.OWN_CACHE, phase, model, spec, data, output_names)
+    description = describe(spec, dims, _signature(input_names, data.example_args()), outputs)
     t0 = time.perf_counter()
-    artifact, details, anatomy = format_module(spec.export_format).export(
-        graph, data.example_args(), input_names, output_names, tmp, spec.options, description
-    )
+    artifact, details, anatomy = fmt.export(graph, data.example_args(), input_names, output_names, tmp, spec.options, description)
     export_seconds = time.perf_counter() - t0
     np.savez(tmp / INPUTS, **data.feeds)
     np.savez(tmp / PARITY, **data.parity)
@@ -143,6 +143,18 @@ def _export_into(spec: ExportSpec, tmp: Path) -> dict[str, Any]:
             "torch": torch.__version__,
         },
     }
+
+
+def _graph(own_cache: bool, phase: Any, model: Any, spec: ExportSpec, data: Any, output_names: list[str]) -> tuple[Any, dict]:
+    """What the format exports, and its outputs' signature: the phase's graph, or for a format
+    whose runtime keeps its own cache (OWN_CACHE) the transformers model itself, which returns
+    the logits the reference returned."""
+    if own_cache:
+        logits = data.parity["ref_logits"]  # [steps, B, 1, V]
+        return model, {output_names[0]: (list(logits.shape[1:]), str(next(model.parameters()).dtype).removeprefix("torch."))}
+    m = spec.model
+    graph = phase.build_graph(model, spec.phase, m.family, m.kv_cache, m.attention)
+    return graph, _outputs(graph, data, output_names)
 
 
 def _signature(names: list[str], tensors: Any) -> dict[str, tuple[list[int], str]]:

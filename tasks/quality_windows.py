@@ -32,10 +32,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 REFERENCE = "reference"  # the one array of a reference variant's QUALITY: nothing to compare
 
 
-def make_quality(model: torch.nn.Module, phase_mod: Any, spec: ExportSpec, dims: dict[str, int]) -> tuple[dict | None, str]:
+def make_quality(
+    model: torch.nn.Module, phase_mod: Any, spec: ExportSpec, dims: dict[str, int], kv_cache: str | None = None
+) -> tuple[dict | None, str]:
     """(the arrays to store in QUALITY, or None; what was measured or why not). Called with the
     variant's own model before its attention is swapped: a decode window's first token is
-    cached by it, as parity's context is."""
+    cached by it, as parity's context is. `kv_cache`: the cache the artifact keeps, when it is
+    not model.kv_cache (a format whose runtime keeps its own: tasks/contract.py OWN_CACHE)."""
     if spec.quality is None:
         return None, "off (bench.quality=false)"
     if is_reference(spec.model):
@@ -44,7 +47,8 @@ def make_quality(model: torch.nn.Module, phase_mod: Any, spec: ExportSpec, dims:
         return None, f"not measured: phase={spec.phase.name} has no quality windows"
     take, what = _token_source(spec, dims)
     ref = _reference(spec)
-    arrays, why = phase_mod.quality_inputs(model, ref, spec.phase, spec.model.kv_cache, dims, take, spec.quality.tokens)
+    kv_cache = kv_cache or spec.model.kv_cache
+    arrays, why = phase_mod.quality_inputs(model, ref, spec.phase, kv_cache, dims, take, spec.quality.tokens)
     if arrays is None:
         return None, f"not measured: {why}"
     if what == "synthetic":

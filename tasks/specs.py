@@ -31,7 +31,9 @@ CONTEXT = "context_ids"
 DEVICES = ("cpu", "cuda")
 # weight quantisation of the linear layers (tasks/model/quant.py): none | int8 (weight-only,
 # per channel) | int4 (weight-only, group-wise) | 8da4w (dynamic int8 activations, int4 group-wise weights)
-QUANTS = ("none", "int8", "int4", "8da4w")
+# | q4_k_m (llama.cpp's Q4_K_M mix of 4- and 6-bit k-quants: the gguf format's own, tasks/export/gguf.py);
+# each format and runtime lists those it makes or runs (tasks/contract.py QUANTS)
+QUANTS = ("none", "int8", "int4", "8da4w", "q4_k_m")
 GROUPED_QUANTS = ("int4", "8da4w")  # model.quant_group applies to these
 QUANT_GROUP_STEP = 32  # XNNPACK's blockwise kernels take groups of a multiple of 32; torchao's int4: 32 to 256
 

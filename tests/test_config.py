@@ -184,7 +184,7 @@ RUNTIMES = ", ".join(available("tasks.runtimes"))  # every runtime module in thi
         ),
         (
             ["backend.export_format=tflite"],
-            "backend.export_format='tflite' is not allowed; choose one of: executorch, none, onnx",
+            "backend.export_format='tflite' is not allowed; choose one of: executorch, gguf, none, onnx",
         ),
         (
             ["backend.runtime=json"],

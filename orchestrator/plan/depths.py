@@ -18,7 +18,7 @@ from tasks.runtimes import runtime_module
 def fixed_depth(point: SweepPoint) -> str | None:
     """Why this point's backend measures one depth per export, or None."""
     b = point.backend
-    asked = Point(b.name, point.device.name, point.model, point.phase, b.export_options, b.options)
+    asked = Point(b.name, point.device.name, point.model, point.phase, b.export_options, b.options, point.arch)
     return runtime_module(b.runtime).fixed_depth(asked) or format_module(b.export_format).fixed_depth(asked)
 
 

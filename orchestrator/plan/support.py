@@ -16,7 +16,7 @@ def unsupported(point: SweepPoint) -> str | None:
     b, device = point.backend, point.device.name
     if device not in b.devices:
         return f"backend {b.name} does not run on device={device} (backend.devices: {', '.join(b.devices)})"
-    asked = Point(b.name, device, point.model, point.phase, b.export_options, b.options)
+    asked = Point(b.name, device, point.model, point.phase, b.export_options, b.options, point.arch)
     return runtime_module(b.runtime).refuses(asked) or format_module(b.export_format).refuses(asked)
 
 

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.contract import EVERY_QUANT, ExportFormat, Point, Refusal
+from tasks.contract import ExportFormat, Point, Refusal
 from tasks.export import _genai, _onnx_quant
 from tasks.export._anatomy import summary
 from tasks.export._weights import canonical_external_data
-from tasks.specs import at_least, choice
+from tasks.specs import DEVICES, at_least, choice
 
 if TYPE_CHECKING:
     import torch
@@ -281,10 +281,10 @@ class OnnxFormat(ExportFormat):
     RESOURCES = {"num_cpus": 1}
     MOVEMENT = MOVEMENT
     Options = Options
-    # ONNX Runtime's own quantiser, or the genai builder's int4/int8, makes every value for a
-    # file any device loads (tasks/export/_onnx_quant.py); runtimes say what runs
-    QUANTS = EVERY_QUANT
-    QUANT_NOTE = "ONNX weight quantisation is MatMulNBits (tasks/export/_onnx_quant.py)"
+    # ONNX Runtime's own quantiser, or the genai builder's int4/int8, makes these for a file any
+    # device loads (tasks/export/_onnx_quant.py); runtimes say what runs
+    QUANTS = dict.fromkeys(DEVICES, ("none", "int8", "int4", "8da4w"))
+    QUANT_NOTE = "ONNX weight quantisation is MatMulNBits (tasks/export/_onnx_quant.py); q4_k_m is llama.cpp's own type"
     REFUSALS = (
         Refusal("model.kv_cache", "update_cache", _NO_LLAMA_OPS),
         Refusal("model.attention", "custom_sdpa", _NO_LLAMA_OPS),

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tasks.specs import GROUPED_QUANTS, QUANTS
+from tasks.specs import GROUPED_QUANTS
+
+TORCHAO = ("int8", "int4", "8da4w")  # the model.quant values (tasks.specs.QUANTS) torchao makes here
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +47,7 @@ def config(quant: str, group: int) -> Any:
         return Int8DynamicActivationIntxWeightConfig(
             weight_dtype=torch.int4, weight_granularity=PerGroup(group), intx_choose_qparams_algorithm="hqq_scale_only"
         )
-    raise ValueError(f"model.quant={quant!r} is not a quantisation; choose one of: {', '.join(QUANTS[1:])}")
+    raise ValueError(f"model.quant={quant!r} is not torchao's; choose one of: {', '.join(TORCHAO)}")
 
 
 def quantize(module: torch.nn.Module, quant: str, group: int) -> dict[str, int]:

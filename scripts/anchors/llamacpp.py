@@ -1,0 +1,139 @@
+"""llama.cpp contenders for the side-by-side benchmark: one GGUF file, run two ways.
+
+  phasesweep   phasesweep's GGUF (tasks/export/gguf.py, through tasks.jobs.export_job) run by its
+               llama.cpp session (tasks/runtimes/llamacpp.py), timed by the caller call by call
+  llama_bench  llama.cpp's own `llama-bench`, built from the same llama.cpp source the installed
+               llama-cpp-python vendors (tasks/export/gguf_source.py), on the same file with the
+               same threads; it times itself: `-p P -n 0` (a prompt of P tokens) and
+               `-p 0 -n 1 -d C` (one token after a depth of C), its per-repetition samples read
+               from its JSON output
+
+llama-bench is built once with cmake into ~/.cache/phasesweep/llama-bench-<version>/ (outside
+the repository; minutes on a busy machine).
+
+    contenders = build(Path("ckpt"), Path("work"), threads=2, quant="none")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from scripts.anchors.onnxruntime import PARITY_STEPS, Contender
+from tasks.export.gguf_source import cache_root, source_dir, version
+from tasks.specs import BenchOptions, BenchSpec, ExportSpec, ModelSpec, PhaseSpec
+
+# what the script's cmake leaves out: only the library and llama-bench are built
+CMAKE_OPTIONS = ["-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                 "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release"]  # fmt: skip
+
+
+# the phasesweep session's settings for a float32 model (tasks/runtimes/llamacpp.py) with
+# backend.options.cache_type=f16 (llama-bench takes no f32 cache): flash attention off, an F16 cache;
+# n_ubatch 512 is both's default
+SETTINGS = ["-fa", "off", "-ctk", "f16", "-ctv", "f16"]
+CACHE = {"cache_type": "f16"}
+
+
+class ProcessTimed:
+    """A contender's block timed by its own tool: `block(n)` -> n per-call times (ms)."""
+
+    def __init__(self, run: Callable[[int], list[float]]):
+        self.block = run
+
+
+def llama_bench() -> Path:
+    """llama-bench of the installed llama-cpp-python's llama.cpp, built once."""
+    folder = cache_root() / f"llama-bench-{version()}"
+    binary = folder / "build" / "bin" / "llama-bench"
+    if not binary.is_file():
+        source = source_dir()
+        subprocess.run(["cmake", "-S", str(source), "-B", str(folder / "build"), "-G", "Ninja", *CMAKE_OPTIONS], check=True)
+        subprocess.run(["cmake", "--build", str(folder / "build"), "--target", "llama-bench"], check=True)
+    return binary
+
+
+class SweepContender(Contender):
+    """phasesweep's GGUF and llama.cpp session, as a sweep's benchmark runs them (tasks.jobs)."""
+
+    def __init__(self, checkpoint: Path, work: Path, threads: int, quant: str):
+        self.model = ModelSpec(name="llama", family="llama", size="checkpoint", arch={}, checkpoint=str(checkpoint.resolve()), quant=quant)
+        self.work, self.threads = work, threads
+
+    def export(self, phase: PhaseSpec) -> tuple[str, BenchSpec]:
+        """The export entry of this phase (made once, in work/exports) and a bench spec for it."""
+        from tasks.jobs import export_job
+        from tasks.phases import phase_module
+
+        phase = phase_module(phase.name).normalize(phase, self.model.kv_cache)  # decode's cache_len, as a sweep plans it
+        stamp = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(Path(self.model.checkpoint).iterdir())]
+        key = hashlib.sha256(json.dumps([asdict(self.model), asdict(phase), stamp], default=str).encode()).hexdigest()
+        out = self.work / "exports" / f"gguf_{phase.name}_{self.model.quant}-{key[:16]}"
+        result = export_job(ExportSpec(key, self.model, phase, "gguf", str(out), {}))
+        if not result.ok:
+            raise RuntimeError(f"gguf export failed: {result.failure.error}\n{result.failure.traceback}")
+        bench = BenchSpec(
+            out.name, "llamacpp", "cpu", self.model, phase, str(out), bench=BenchOptions(threads=self.threads), runtime_options=CACHE
+        )
+        return str(out), bench
+
+    def session(self, phase: PhaseSpec) -> tuple[Callable[[], None], Path]:
+        """The bound call, parity-checked against transformers first, and its GGUF file."""
+        from tasks.measure.parity import quantized, tolerance
+        from tasks.phases import phase_module
+        from tasks.runtimes import runtime_module
+        from tasks.worker.entries import load_export
+
+        out, bench = self.export(phase)
+        meta, feeds, parity = load_export(out)
+        session = runtime_module("llamacpp").load(bench, meta, feeds)
+        atol = tolerance("float16", None)  # the F16 cache rounds every cached key and value
+        report = phase_module(phase.name).check_parity(session, phase, feeds, parity, atol)
+        if self.model.quant != "none":
+            report = quantized(report, self.model.quant)
+        if not report["passed"]:
+            raise RuntimeError(f"llamacpp: parity failed at {phase}: {report}")
+        self.keep = session  # the bound call's context lives as long as the contender
+        return session.bind(feeds), Path(out) / meta["artifact"]
+
+    def decode(self, context_len: int) -> Callable[[], None]:
+        return self.session(PhaseSpec("decode", batch=1, context_len=context_len, parity_steps=PARITY_STEPS))[0]
+
+    def prefill(self, prompt_len: int) -> Callable[[], None]:
+        return self.session(PhaseSpec("prefill", batch=1, prompt_len=prompt_len))[0]
+
+
+class BenchContender(Contender):
+    """llama-bench on the file the phasesweep contender made for the same phase and length."""
+
+    def __init__(self, ours: SweepContender, threads: int):
+        self.ours, self.threads, self.binary = ours, threads, llama_bench()
+
+    def _timed(self, phase: PhaseSpec, flags: list[str]) -> ProcessTimed:
+        out, _ = self.ours.export(phase)
+        meta = json.loads((Path(out) / "meta.json").read_text())
+        model = str(Path(out) / meta["artifact"])
+
+        def block(n: int) -> list[float]:
+            cmd = [str(self.binary), "-m", model, "-t", str(self.threads), *SETTINGS, *flags, "-r", str(n), "-o", "json"]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            (test,) = json.loads(done.stdout)
+            return [ns / 1e6 for ns in test["samples_ns"]]
+
+        return ProcessTimed(block)
+
+    def decode(self, context_len: int) -> ProcessTimed:  # type: ignore[override]
+        phase = PhaseSpec("decode", batch=1, context_len=context_len, parity_steps=PARITY_STEPS)
+        return self._timed(phase, ["-p", "0", "-n", "1", "-d", str(context_len)])
+
+    def prefill(self, prompt_len: int) -> ProcessTimed:  # type: ignore[override]
+        return self._timed(PhaseSpec("prefill", batch=1, prompt_len=prompt_len), ["-p", str(prompt_len), "-n", "0"])
+
+
+def build(checkpoint: Path, work: Path, threads: int, quant: str = "none") -> dict[str, Contender]:
+    ours = SweepContender(Path(checkpoint), Path(work), threads, quant)
+    return {"phasesweep": ours, "llama_bench": BenchContender(ours, threads)}
