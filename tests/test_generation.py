@@ -94,6 +94,12 @@ def test_a_decode_shallower_than_the_prompt_makes_no_generation():
     assert generations(rows) == []
 
 
+def test_one_decode_depth_is_a_point_not_a_generation():
+    """The default sweep (prefill P=128, decode at 128) prints no two-token 'generation'."""
+    rows = [r for r in sweep_rows() if r["backend"] == "executorch" and not r["name"].endswith("ctx1024")]
+    assert len(rows) == 2 and generations(rows) == []
+
+
 def test_the_plot_draws_ttft_and_tpot_bars_only_when_there_is_a_generation(tmp_path):
     rows = sweep_rows()
     drawn = make_plots(rows, tmp_path)

@@ -143,6 +143,8 @@ def _one(pre: dict[str, Any], decodes: list[dict[str, Any]], points: list[tuple[
     deepest = max(d for d, _ in points)
     if prompt is None or deepest < prompt:  # the decode never reached the prompt's depth: no generation to predict
         return []
+    if len({d for d, _ in points}) < 2:  # one decode depth is a point, not a generation (a default sweep's 2 tokens)
+        return []
     batch = _int(pre["params"], BATCH) or 1
     new_tokens = deepest - prompt + 2
     figures = predict(pre["metrics"][MEDIAN], points, prompt, new_tokens, batch)
