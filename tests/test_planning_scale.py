@@ -58,8 +58,8 @@ def test_a_10k_variant_grid_dry_run_plans_in_seconds(sweep_in_tmp, tmp_path, cap
     # compile, onnxruntime, executorch, cuda): the other 25 combinations were swapped together
     assert len(composed) == 7, composed
     # each distinct group content converted once: 2 models x 9 seeds, 2 phases x 8 batches,
-    # 4 backends, 2 devices, 5 bench settings, 1 tracking, 1 cluster
-    assert len(converted) == 18 + 16 + 4 + 2 + 5 + 1 + 1
+    # 4 backends, 2 devices, 5 bench settings, 1 tracking, 1 cluster, 1 env
+    assert len(converted) == 18 + 16 + 4 + 2 + 5 + 1 + 1 + 1
     assert not (tmp_path / "mlflow.db").exists()  # a dry run creates no store
     print(f"10k dry run: {wall:.1f} s wall, {cpu:.1f} s CPU", file=sys.stderr)
     assert cpu < CPU_BOUND_S, f"planning took {cpu:.1f} s of CPU ({wall:.1f} s wall)"

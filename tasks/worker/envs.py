@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from tasks.specs import EnvSpec, dist_name
 
 ROOT = "envs"  # beside the export cache's entries
@@ -117,6 +115,9 @@ def _build(env: EnvSpec, folder: Path) -> None:
 def unmet(site: Path) -> list[str]:
     """Each requirement of the libraries in `site` that what the import path finds (`site`
     first, then this process's) does not meet: pip check's answer for an overlay."""
+    # lazy: packaging, only where an environment is built; every benchmark's process imports this module
+    from packaging.requirements import InvalidRequirement, Requirement
+
     path = [str(site), *sys.path]
     problems = []
     for dist in metadata.distributions(path=[str(site)]):
