@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import pkgutil
 import zipfile
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from omegaconf import OmegaConf
 from orchestrator.plan.config import validate, validate_all
 from orchestrator.plan.grid import grid_rules
 from orchestrator.plan.planner import make_plan
-from tasks.specs import BenchResult, ConfigError, EnvSpec, check_pins
+from tasks.specs import ConfigError, EnvSpec, check_pins
 from tasks.worker import envs
 from tasks.worker.fresh import in_fresh_process
 from tests.conftest import capacity, compose_jobs, plan_jobs
@@ -113,12 +114,6 @@ def local_index(tmp_path, monkeypatch) -> Path:
     return wheels
 
 
-def _version_in_child(spec: object) -> BenchResult:
-    import psw_demo  # the environment's, first on the spawned child's import path
-
-    return BenchResult("v", ok=True, params={"version": psw_demo.VERSION})
-
-
 def test_an_env_is_made_once_per_node_and_reused(local_index, tmp_path):
     wheel(local_index, "psw_demo", "2.0")
     entry = str(tmp_path / "cache" / "llama_decode_onnx-0123")  # an export cache entry: envs/ goes beside it
@@ -129,9 +124,10 @@ def test_an_env_is_made_once_per_node_and_reused(local_index, tmp_path):
     assert first.site == again.site and Path(first.site).parent.parent == tmp_path / "cache" / envs.ROOT
     assert first.versions == {"psw-demo": "2.0"}
     assert envs.said(envs.facts(again)).startswith("  env reused in")
-    # the repository too: the child imports this test module, whatever folder an earlier test left it in
-    result = in_fresh_process(_version_in_child, None, 60, "benchmark", paths=(first.site, str(Path(__file__).resolve().parents[1])))
-    assert result.params == {"version": "2.0"}
+    # the child imports the env's module by name (a standard-library function, so it imports
+    # nothing of this repository's tests, which a `tests` package elsewhere on its path could shadow)
+    version = in_fresh_process(pkgutil.resolve_name, "psw_demo:VERSION", 60, "benchmark", paths=(first.site,))
+    assert version == "2.0"
 
 
 def test_an_env_whose_library_needs_what_the_drivers_lack_is_refused(local_index, tmp_path):
