@@ -106,6 +106,7 @@ def test_report_history_logs_its_plot_on_the_latest_sweep_and_embeds_it_in_html(
     assert logged == {"history/history.png", "history/history.json", "history/history.txt"}
     assert main(["--history", "nightly", "--uri", uri, "--format", "markdown", "--out", str(tmp_path / "h.md")]) == 0
     assert (tmp_path / "h_history.png").stat().st_size > 10_000 and "![history](h_history.png)" in (tmp_path / "h.md").read_text()
+    assert "- 6 sweeps, 5 of them measured, time order" in (tmp_path / "h.md").read_text()  # sweep 6 measured nothing ok
     assert main(["--history", "nightly", "--uri", uri, "--order", "commit", "--format", "text"]) == 0
     assert main(["--history", "nope", "--uri", uri]) == 2 and main(["--uri", uri]) == 2
 

@@ -170,5 +170,12 @@ def history_of(client: Any, experiment: str, order: str = "time", until: Any = N
     return sweeps, series
 
 
-def plot_title(experiment: str, sweeps: list[Any], order: str) -> str:
-    return f"{experiment}: median latency per sweep ({len(sweeps)} sweeps, {order} order)"
+def sweeps_text(sweeps: list[Any], series: Series, order: str) -> str:
+    """How many sweeps there are and how many measured a point: a sweep that reused every
+    variant (tracking.resume) adds none, its runs are an earlier sweep's."""
+    measured = len({p.sweep.info.run_id for points in series.values() for p in points})
+    return f"{len(sweeps)} sweeps, {measured} of them measured, {order} order"
+
+
+def plot_title(experiment: str, sweeps: list[Any], series: Series, order: str) -> str:
+    return f"{experiment}: median latency per sweep ({sweeps_text(sweeps, series, order)})"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.common.console import table
-from orchestrator.read.history import change_lines, history_of, history_rows, plot_title
+from orchestrator.read.history import change_lines, history_of, history_rows, plot_title, sweeps_text
 from orchestrator.read.history_plot import NAME, history_plot
 from orchestrator.read.report_build import csv_text, page
 from orchestrator.read.store import open_store
@@ -27,10 +27,10 @@ def history_report(uri: str | None, experiment: str, fmt: str = "markdown", out:
     rows, changes = history_rows(series), change_lines(series)
     latest = max(sweeps, key=lambda s: s.info.start_time)
     with tempfile.TemporaryDirectory() as tmp:
-        drawn = history_plot(series, Path(tmp) / NAME, plot_title(experiment, sweeps, order))
+        drawn = history_plot(series, Path(tmp) / NAME, plot_title(experiment, sweeps, series, order))
         log(client, latest.info.run_id, rows, changes, Path(tmp) / NAME if drawn else None)
         if fmt == "html":
-            return page(f"history of {experiment}", [f"{len(sweeps)} sweeps, {order} order", *changes], rows,
+            return page(f"history of {experiment}", [sweeps_text(sweeps, series, order), *changes], rows,
                         [Path(tmp) / NAME] if drawn else [])  # fmt: skip
         if fmt == "markdown" and drawn:
             base = (out.parent if out else Path.cwd()) / f"{out.stem if out else experiment}_history.png"
@@ -39,7 +39,7 @@ def history_report(uri: str | None, experiment: str, fmt: str = "markdown", out:
         return table(rows) + "\n\n" + "\n".join(changes) + "\n"
     if fmt == "csv":
         return csv_text(rows)
-    lines = [f"# phasesweep history: {experiment}", "", f"- {len(sweeps)} sweeps, {order} order", ""]
+    lines = [f"# phasesweep history: {experiment}", "", f"- {sweeps_text(sweeps, series, order)}", ""]
     lines += [markdown_table(rows), "", *(f"    {c}" for c in changes), ""]
     lines += [f"![history]({base.name})"] if drawn else []
     return "\n".join(lines) + "\n"

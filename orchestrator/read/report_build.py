@@ -112,7 +112,7 @@ def history_section(client: Any, parent: Any, folder: Path) -> str:
     if not any(len(points) > 1 for points in series.values()):
         return ""
     plot = folder / NAME
-    history_plot(series, plot, plot_title(experiment, sweeps, "time"))
+    history_plot(series, plot, plot_title(experiment, sweeps, series, "time"))
     changes = "<br>".join(html.escape(line) for line in change_lines(series))
     return f"<h2>History</h2>\n<p>{changes}</p>\n{figures([plot])}"
 
