@@ -98,9 +98,10 @@ def fuse_for_ort(path: Path, external: bool) -> dict[str, int]:
 
 def translation_table() -> dict[Any, Any]:
     """torch.onnx.export's custom_translation_table for a graph built under fused_attention."""
-    # lazy: torch, only in an export's process (registers phasesweep::cached_attention)
+    # lazy: torch, only in an export's process
     import torch
 
+    # lazy: it imports torch; importing it registers phasesweep::cached_attention
     import tasks.model.cached_attention  # noqa: F401
 
     return {torch.ops.phasesweep.cached_attention.default: translate}

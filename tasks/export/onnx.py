@@ -296,6 +296,9 @@ class OnnxFormat(ExportFormat):
         "onnxscript.function_libs.torch_lib.ops",
         "onnxscript.optimizer",
         "onnxscript.rewriter",
+        "onnxscript.rewriter.ort_fusions",
+        "tasks.export._ort_attention",
+        "tasks.model.cached_attention",
     )
     MEMORY_FACTOR = 1.5  # an export's peak memory, as a multiple of the weights
     RESOURCES = {"num_cpus": 1}
