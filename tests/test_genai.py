@@ -108,10 +108,12 @@ def test_the_anatomy_shows_what_the_builder_fused_and_torch_did_not(exported, pl
     from tasks.worker.entries import load_export
 
     genai = exported("llama", "decode", "onnx", kv_cache="dynamic", exporter="genai")
-    torch_ = exported("llama", "decode", "onnx")  # the static-cache export other tests share
+    torch_ = exported("llama", "decode", "onnx", ort_fusions=False)  # standard ops only
     layers = genai.details["layers"]
     ours, theirs = fused_counts(torch_.anatomy), fused_counts(genai.anatomy)
     assert theirs["GroupQueryAttention"] == layers and ours["GroupQueryAttention"] == 0
+    fused = fused_counts(exported("llama", "decode", "onnx").anatomy)  # backend.export_options.ort_fusions
+    assert fused["GroupQueryAttention"] == layers and fused["SkipSimplifiedLayerNormalization"] == 2 * layers
     assert theirs["SkipSimplifiedLayerNormalization"] == 2 * layers
     assert genai.anatomy["transposes"] == 0 < torch_.anatomy["transposes"]
     assert 0 < theirs["MatMul"] <= ours["MatMul"]  # q, k, v fused into one projection

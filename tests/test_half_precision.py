@@ -136,4 +136,5 @@ def test_a_half_precision_grid_plans_every_supported_combination():
         if "genai" not in reason:
             assert runtime_module(BACKENDS[b]["runtime"]).DTYPE_NOTE in reason
     assert not [pv.name for pv in plan.variants if pv.unplaceable]
-    assert len(plan.exports) == len({(BACKENDS[b]["export_format"], d) for b, d in want})  # one per format and dtype
+    # one per format, its export options and dtype
+    assert len(plan.exports) == len({(BACKENDS[b]["export_format"], repr(BACKENDS[b]["export_options"]), d) for b, d in want})

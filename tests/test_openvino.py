@@ -15,14 +15,16 @@ from tasks.runtimes import openvino as ov_runtime
 from tests.conftest import DECODE, FAST_BENCH, model_spec, plan_jobs
 
 
-def test_it_shares_the_onnx_export_and_names_its_variants():
+def test_it_exports_standard_ops_and_names_its_variants():
     jobs = [[f"backend={b}", f"phase={p}", f"model.quant={q}"] for b in ("onnxruntime", "openvino")
             for p in ("prefill", "decode") for q in ("none", "int4")]
     plan = plan_jobs(*jobs)
     names = {pv.name for pv in plan.variants}
     assert {"llama_decode_openvino_cpu_int4", "llama_prefill_openvino_cpu", "llama_decode_onnxruntime_cpu_int4"} <= names
     assert not plan.skipped and len(plan.variants) == 8
-    assert len(plan.exports) == 4  # one ONNX file per phase and quant, run by both runtimes
+    # one ONNX file per phase, quant and runtime: onnxruntime's holds ONNX Runtime's contrib ops
+    # (backend.export_options.ort_fusions), which OpenVINO's ONNX frontend does not all read
+    assert len(plan.exports) == 8
     assert {pv.bench.runtime for pv in plan.variants if "_openvino_" in pv.name} == {"openvino"}
 
 

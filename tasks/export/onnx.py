@@ -4,6 +4,7 @@ torch.onnx.export(dynamo=True) of phasesweep's graph, or onnxruntime-genai's mod
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections import Counter
@@ -48,6 +49,9 @@ class Options:
     opset: int | None = None  # None: the exporter's default opset
     optimize: bool = True  # onnxscript graph optimizations after export
     exporter: str = "torch"  # torch: torch.onnx of phasesweep's graph | genai: onnxruntime-genai's model builder
+    # torch exporter: ONNX Runtime's contrib ops: attention and cache update as GroupQueryAttention,
+    # RMSNorm (and the residual add before it) as (Skip)SimplifiedLayerNormalization
+    ort_fusions: bool = True
 
     def __post_init__(self) -> None:
         at_least("backend.export_options.opset", self.opset, 18, optional=True)
@@ -66,20 +70,42 @@ def export(
     # lazy: onnx, only in a job's process
     import onnx
 
-    # lazy: torch, only in a job's process
-    import torch
-
-    # lazy: it imports torch or its kin, which this module's importers (the driver) must not
-    from tasks.export._shapes import dynamic_shapes
-
     opts = Options(**options)
     path = out_dir / "model.onnx"
     quant, group = description["model"].get("quant", "none"), description["model"].get("quant_group", 32)
     if opts.exporter == "genai":
         return _export_genai(graph, path, description)
-    weight_bytes = sum(p.numel() * p.element_size() for p in graph.parameters())
+    details = _torch_export(graph, args, input_names, output_names, path, opts)
+    if quant != "none":  # after the export and its optimisation, as ONNX Runtime's quantiser expects
+        details.update(_onnx_quant.quantize_file(path, quant, group, EXTERNAL_DATA_BYTES))
+        description = {**description, "quant": quant_description(quant, group, details)}
+    proto = onnx.load(str(path), load_external_data=False)  # the weights stay where they are
+    onnx.helper.set_model_props(proto, metadata(description))
+    if not canonical_external_data(path, proto):  # saves proto; the weights laid out by their bytes
+        onnx.save(proto, str(path))
+    opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    details.update(onnx_nodes=len(proto.graph.node), onnx_opset=opset)
+    return path.name, details, anatomy(path)
+
+
+def _torch_export(graph, args, input_names, output_names, path: Path, opts: Options) -> dict[str, Any]:
+    """torch.onnx.export of the phase graph to `path`, with ONNX Runtime's fused ops where
+    opts.ort_fusions and the graph allow (tasks/export/_ort_attention.py): its attention and
+    cache update as com.microsoft.GroupQueryAttention, then onnxscript's ORT fusions. Returns
+    the fusions' details."""
+    # lazy: torch, only in a job's process
+    import torch
+
+    # lazy: they import torch or its kin, which this module's importers (the driver) must not
+    from tasks.export import _ort_attention
+    from tasks.export._shapes import dynamic_shapes
+    from tasks.model.cached_attention import fused_attention, unfusable
+
+    why = unfusable(graph) if opts.ort_fusions else "backend.export_options.ort_fusions=false"
+    fused = contextlib.nullcontext(0) if why else fused_attention(graph)
+    external = sum(p.numel() * p.element_size() for p in graph.parameters()) > EXTERNAL_DATA_BYTES
     logging.getLogger("torch.onnx").setLevel(logging.WARNING)
-    with torch.inference_mode(False), torch.no_grad():
+    with fused as layers, torch.inference_mode(False), torch.no_grad():
         torch.onnx.export(
             graph,
             args,
@@ -89,21 +115,15 @@ def export(
             output_names=output_names,
             dynamic_shapes=dynamic_shapes(graph, args, input_names),
             opset_version=opts.opset,
-            external_data=weight_bytes > EXTERNAL_DATA_BYTES,
+            external_data=external,
             optimize=opts.optimize,
             verbose=False,
+            custom_translation_table=None if why else _ort_attention.translation_table(),
         )
-    details: dict[str, Any] = {}
-    if quant != "none":  # after the export and its optimisation, as ONNX Runtime's quantiser expects
-        details = _onnx_quant.quantize_file(path, quant, group, EXTERNAL_DATA_BYTES)
-        description = {**description, "quant": quant_description(quant, group, details)}
-    proto = onnx.load(str(path), load_external_data=False)  # the weights stay where they are
-    onnx.helper.set_model_props(proto, metadata(description))
-    if not canonical_external_data(path, proto):  # saves proto; the weights laid out by their bytes
-        onnx.save(proto, str(path))
-    opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
-    details.update(onnx_nodes=len(proto.graph.node), onnx_opset=opset)
-    return path.name, details, anatomy(path)
+    if why:
+        return {"onnx_fused_attention_layers": 0, "onnx_ort_fusions_skip": why}
+    counts = _ort_attention.fuse_for_ort(path, external)
+    return {"onnx_fused_attention_layers": layers, "onnx_ort_fusions": ",".join(f"{k}={n}" for k, n in counts.items())}
 
 
 def quant_description(quant: str, group: int, details: dict[str, Any]) -> dict[str, Any]:
@@ -276,6 +296,9 @@ class OnnxFormat(ExportFormat):
         "onnxscript.function_libs.torch_lib.ops",
         "onnxscript.optimizer",
         "onnxscript.rewriter",
+        "onnxscript.rewriter.ort_fusions",
+        "tasks.export._ort_attention",
+        "tasks.model.cached_attention",
     )
     MEMORY_FACTOR = 1.5  # an export's peak memory, as a multiple of the weights
     RESOURCES = {"num_cpus": 1}

@@ -29,6 +29,10 @@ class Signature:
 
     inputs: dict[str, str]
     outputs: list[str]
+    in_place: bool = False  # its attention is GroupQueryAttention, which may write present into past
+
+
+IN_PLACE_OPS = frozenset({"GroupQueryAttention"})  # com.microsoft: past_present_share_buffer
 
 
 def signature(path: str | Path) -> Signature:
@@ -38,7 +42,17 @@ def signature(path: str | Path) -> Signature:
 
     graph = onnx.load(str(path), load_external_data=False).graph
     types = {v.name: onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name for v in graph.input}
-    return Signature(types, [v.name for v in graph.output])
+    in_place = any(n.op_type in IN_PLACE_OPS and n.domain == "com.microsoft" for n in graph.node)
+    return Signature(types, [v.name for v in graph.output], in_place)
+
+
+def share_buffers(past: list[str], inputs: dict[str, Any], total: int, device: Placement) -> dict[str, Any]:
+    """{present.i: past_key_values.i} when the past buffers hold all `total` positions (a static
+    cache): GroupQueryAttention then writes the call's keys and values into them in place. A
+    dynamic cache (exactly the context) or an empty one gets a new present from the runtime."""
+    if not past or device.shape(inputs[past[0]])[2] < total:
+        return {}
+    return {n.replace(PAST, PRESENT, 1): inputs[n] for n in past}
 
 
 class Placement(Protocol):
@@ -59,6 +73,8 @@ class Feeds:
         ours = meta.get("output_names") or sig.outputs
         # the phase's order (logits, then present.* pairwise), which run_steps feeds back as past
         self.output_names = ours if sorted(ours) == sorted(sig.outputs) else sig.outputs
+        self.in_place = sig.in_place  # phasesweep's graph fused into GroupQueryAttention (tasks/export/_ort_attention.py)
+        self.past = [n for n in sig.inputs if n.startswith(PAST)]
 
     def host(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The artifact's inputs from the phase's, on the host."""
@@ -69,8 +85,11 @@ class Feeds:
         return inputs
 
     def shared(self, inputs: dict[str, Any], device: Placement) -> dict[str, Any]:
-        """{output name: the placed input it is written into in place}, for the artifact's placed inputs."""
-        return {}
+        """{output name: the placed input it is written into in place}, for the artifact's placed
+        inputs: a static cache's buffers, when GroupQueryAttention updates them."""
+        if not self.in_place or "cache_position" not in inputs:
+            return {}
+        return share_buffers(self.past, inputs, int(device.to_host(inputs["cache_position"])[-1]) + 1, device)
 
 
 class GenaiFeeds(Feeds):
@@ -80,7 +99,6 @@ class GenaiFeeds(Feeds):
     def __init__(self, sig: Signature, meta: dict[str, Any]):
         super().__init__(sig, meta)
         self.input_names = list(sig.inputs)
-        self.past = [n for n in self.input_names if n.startswith(PAST)]
         details = meta["details"]
         self.kv_heads, self.head_dim = details["kv_heads"], details["head_dim"]
         dtype = sig.inputs[self.past[0]] if self.past else "float32"
@@ -110,15 +128,9 @@ class GenaiFeeds(Feeds):
         return {"input_ids": inputs["input_ids"], **device.place(self._extra(b, start, s)), **past}
 
     def shared(self, inputs: dict[str, Any], device: Placement) -> dict[str, Any]:
-        """A past buffer that holds every position the mask covers (a static cache) takes the
-        call's new keys and values in place: present.i is bound to past_key_values.i. A dynamic
-        cache (exactly the context) or an empty one gets a new present from the runtime."""
-        if not self.past:
-            return {}
-        total = device.shape(inputs["attention_mask"])[1]
-        if device.shape(inputs[self.past[0]])[2] < total:
-            return {}
-        return {n.replace(PAST, PRESENT, 1): inputs[n] for n in self.past}
+        """A static cache's buffers (they hold every position the mask covers) take the call's
+        new keys and values in place, as onnxruntime-genai's shared-buffer mode does."""
+        return share_buffers(self.past, inputs, device.shape(inputs["attention_mask"])[1], device)
 
 
 def feeds_for(sig: Signature, meta: dict[str, Any]) -> Feeds:

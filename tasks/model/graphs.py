@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from tasks.model import families
+from tasks.model.cached_attention import cached_attention
 from tasks.model.families import AttentionAdapter, LayerPlan
 from tasks.model.kv_cache import make_kv_cache
 from tasks.model.sdpa import make_attention
@@ -75,6 +76,7 @@ class PhaseAttention(nn.Module):
         self.window = plan.window  # 0: full causal attention
         self.softcap = softcap
         self.adapter = adapter  # names of the original's submodules this forward calls
+        self.fused = False  # cache update and attention as one op (tasks/model/cached_attention.py)
 
     def _sub(self, name: str) -> nn.Module:
         return getattr(self.original, name)
@@ -112,6 +114,8 @@ class PhaseAttention(nn.Module):
             out = self.attention(q.transpose(1, 2), k_all, v_all, cache.start, self.scale)  # [B, S, H, D]
             return self._sub(self.adapter.o_proj)(out.reshape(b, s, self.heads * self.head_dim)), None
 
+        if self.fused:
+            return self._fused(q, k, v, cache)
         if cache.past is None:  # prefill: the cache starts empty, keys are the prompt's own
             k_all, v_all = k, v
         else:
@@ -128,6 +132,15 @@ class PhaseAttention(nn.Module):
             mask = mask & (key_pos[None, :] > cache.cache_position[:, None] - self.window)
         out = self.attention(q, k_all, v_all, mask, self.scale, self.softcap)  # [B, H, S, D]
         out = out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)  # [B, S, H*D]
+        return self._sub(self.adapter.o_proj)(out), None
+
+    def _fused(self, q, k, v, cache: StepState):
+        """The cache update and attention as phasesweep::cached_attention: [B, S, H * D] through o_proj."""
+        past = cache.past[self.layer_idx] if cache.past is not None else (None, None)
+        kind = self.kv_cache.name if cache.past is not None else "none"
+        args = (cache.cache_position, kind, self.scale, self.softcap or 0.0, self.window)
+        out, k_all, v_all = cached_attention(q, k, v, *past, *args)
+        cache.present[self.layer_idx] = (k_all, v_all)
         return self._sub(self.adapter.o_proj)(out), None
 
 
