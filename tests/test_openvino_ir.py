@@ -84,6 +84,54 @@ def test_a_waived_requirement_is_met_by_its_absence_only(tmp_path):
     assert unmet(tmp_path, ("not-a-real-dist",)) == [unmet(tmp_path)[1]]  # a wrong version is never waived
 
 
+def _head(extra_op: bool):
+    """A model whose `logits` are a MatMul of its hidden states [B, S, 8] by a [5, 8] head (and a soft-cap)."""
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    hidden = ops.parameter(ov.PartialShape([-1, -1, 8]), ov.Type.f32, name="hidden")
+    weight = np.arange(40, dtype=np.float32).reshape(5, 8) / 40
+    out = ops.matmul(hidden, ops.constant(weight), False, True)
+    if extra_op:
+        out = ops.multiply(ops.tanh(out), ops.constant(np.float32(2.0)))
+    out.output(0).set_names({"logits"})
+    return ov.Model([out], [hidden]), weight
+
+
+@needs_openvino
+@pytest.mark.parametrize("extra_op", [False, True])
+def test_the_output_head_runs_on_the_last_position_only_as_openvino_genai_slices_it(extra_op):
+    import numpy as np
+    import openvino as ov
+
+    from tasks.runtimes.openvino_stateful import last_position_logits
+
+    model, weight = _head(extra_op)
+    x = np.random.default_rng(0).standard_normal((2, 3, 8)).astype(np.float32)
+    compiled = ov.Core().compile_model(last_position_logits(model), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    out = compiled.create_infer_request().infer({"hidden": x})
+    logits = next(iter(out.values()))
+    want = x[:, -1:] @ weight.T
+    assert logits.shape == (2, 1, 5)
+    np.testing.assert_allclose(logits, 2 * np.tanh(want) if extra_op else want, rtol=1e-5, atol=1e-6)
+
+
+@needs_openvino
+def test_an_ir_without_an_output_head_fails_loudly():
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    from tasks.runtimes.openvino_stateful import last_position_logits
+
+    x = ops.parameter(ov.PartialShape([-1, -1, 8]), ov.Type.f32)
+    out = ops.relu(ops.add(x, ops.constant(np.float32(1.0))))
+    out.output(0).set_names({"logits"})
+    with pytest.raises(RuntimeError, match="output head was not found"):
+        last_position_logits(ov.Model([out], [x]))
+
+
 # -- slow: the environment, exports, benchmarks --------------------------------------------------
 @pytest.mark.slow
 @needs_openvino
@@ -119,6 +167,7 @@ def test_it_runs_the_ir_with_parity_through_its_own_state_quality_and_a_profile(
     assert result.parity["passed"] and result.metrics["parity_steps"] == (1 if phase == "prefill" else DECODE.parity_steps)
     assert result.params["ov_inference_num_threads"] == FAST_BENCH.threads and result.params["ov_kv_cache_precision"] == "f32"
     assert result.metrics["latency_ms_median"] > 0 and result.metrics["ov_graph_ScaledDotProductAttention"] > 0
+    assert result.params["ov_logits"].startswith("last position")
     if quant == "none":  # float32: transformers' own logits, to OpenVINO's float arithmetic
         assert result.metrics["parity_max_abs_diff"] < 1e-4 and result.metrics["quality_reference"] == 1.0
     else:  # measured against float32 eager
@@ -136,3 +185,29 @@ def test_every_admitted_family_gives_transformers_logits_through_the_irs_state(p
     result = bench_job(spec)
     assert result.ok, result.failure and result.failure.traceback
     assert result.metrics["parity_max_abs_diff"] < 1e-4 and result.metrics["parity_steps"] == DECODE.parity_steps
+
+
+@pytest.mark.slow
+@needs_openvino
+def test_timed_decode_calls_run_from_the_contexts_depth_and_refill_the_state_after_each_run(planned_variant):
+    import numpy as np
+
+    from tasks.runtimes import runtime_module
+    from tasks.runtimes.openvino_stateful import REFILL
+    from tasks.worker.entries import load_export
+
+    _, spec = planned_variant("backend=openvino_optimum", DYNAMIC, "phase=decode")
+    meta, feeds, parity = load_export(spec.export_dir)
+    session = runtime_module("openvino_stateful").load(spec, meta, feeds)
+    call, timed = session.bind(feeds), session.timer()
+    engine, context = session.engine, DECODE.context_len
+    logits = []
+    for k in range(REFILL + 1):
+        assert timed(call) > 0 and engine.depth == context + (k % REFILL) + 1
+        logits.append(engine.request.get_tensor("logits").data.copy())
+    np.testing.assert_array_equal(logits[REFILL], logits[0])  # the same state again: the same call
+    assert not np.array_equal(logits[1], logits[0])  # one position deeper
+    np.testing.assert_allclose(logits[0][:, -1], parity["ref_logits"][0][:, -1], atol=1e-4)  # the reference's first step
+    session.run_steps(feeds, parity["step_tokens"], context)  # moves the state: the next call starts over
+    timed(call)
+    np.testing.assert_array_equal(engine.request.get_tensor("logits").data, logits[0])

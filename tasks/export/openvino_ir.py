@@ -1,11 +1,12 @@
 """OpenVINO IR made by OpenVINO's own LLM exporter: optimum-intel's `export openvino`
 (its command line, task text-generation-with-past, stateful: tasks/export/_optimum_intel.py),
-from the variant's transformers model saved as a Hugging Face folder (a checkpoint's own folder
-as it is), with weight compression by NNCF for model.quant (QUANT_ARGS).
+from the variant's transformers model saved as a Hugging Face folder (a local checkpoint's own
+files, linked), with weight compression by NNCF for model.quant (QUANT_ARGS). The artifact is
+the IR's stem (ARTIFACT): openvino_model.xml and .bin, beside the tokenizer's IR.
 
 The IR is stateful: its KV cache is OpenVINO state inside the model (ReadValue/Assign), not
 inputs and outputs. It takes input_ids, attention_mask, position_ids and beam_idx and returns
-logits [B, n, V]; the state grows by each call's tokens and is reset between sequences
+logits [B, n, V] (the runtime slices the head to the last position); the state grows by each call's tokens and is reset between sequences
 (tasks/runtimes/openvino_stateful.py). The format keeps its cache (OWN_CACHE): the phase's
 data carries the context's tokens.
 
@@ -32,7 +33,7 @@ from typing import Any
 
 from tasks.contract import ExportFormat, Point, Refusal
 from tasks.export._anatomy import summary
-from tasks.export._genai import write_tokenizer
+from tasks.export._genai import TOKENIZER_FILES, write_tokenizer
 from tasks.export._optimum_intel import DONE, MODEL_XML
 from tasks.specs import EnvSpec
 from tasks.worker import envs
@@ -109,7 +110,7 @@ class OpenvinoIrFormat(ExportFormat):
     # what the export's versions are: the exporter's own are ENV's (in this module, so in the key)
     LIBRARIES = ("torch", "transformers", "openvino")
     REQUIRES = ("openvino",)
-    MEMORY_FACTOR = 4.0  # the model, its saved folder read back by optimum-intel, the traced model, the IR
+    MEMORY_FACTOR = 4.0  # an estimate, not measured: the model, its folder read back by optimum-intel, the trace, the IR
     OWN_CACHE = True
     MOVEMENT = MOVEMENT
     DTYPES = {"cpu": ("float32",)}
@@ -164,11 +165,17 @@ def export(model: Any, out_dir: Path, description: dict[str, Any]) -> tuple[str,
 
 
 def _source(model: Any, checkpoint: str | None, folder: Path) -> tuple[Path, str]:
-    """The Hugging Face folder optimum-intel loads: a local checkpoint's own, else the built model
-    saved (a preset's seeded random weights) with a tokenizer over its ids."""
+    """The Hugging Face folder optimum-intel loads: a local checkpoint's own files (linked), else
+    the built model saved (a preset's seeded random weights); with a word-level tokenizer over
+    the model's ids where it has none (optimum-intel converts it to the tokenizer's IR)."""
     if checkpoint and Path(checkpoint).is_dir():
-        return Path(checkpoint), "checkpoint"
-    model.save_pretrained(str(folder), safe_serialization=True)
+        folder.mkdir(parents=True)
+        for f in Path(checkpoint).iterdir():
+            (folder / f.name).symlink_to(f.resolve())
+        if any((folder / name).exists() for name in TOKENIZER_FILES):
+            return folder, "checkpoint"
+    else:
+        model.save_pretrained(str(folder), safe_serialization=True)
     return folder, write_tokenizer(folder, model.config.vocab_size, None)
 
 
