@@ -21,7 +21,8 @@ state to it, as openvino_genai does between generations.
 How it is set, each recorded as a param: tasks/runtimes/openvino.py's config() (threads, the
 LATENCY hint with one stream, the inference precision, dynamic quantisation of activations for
 8da4w), and KV_CACHE_PRECISION from backend.options.kv_cache_precision (auto: f32 for a float32
-model; the CPU plugin's own default compresses the cache to u8 on x86, which moves the logits).
+model; the CPU plugin's own default here, OpenVINO 2026.4.1 on this project's CPU, is f16, which
+rounds every cached key and value).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ HEAD_DEPTH = 4  # ops between the logits and the output head's MatMul, at most
 
 @dataclass(frozen=True)
 class Options:
-    kv_cache_precision: str = "auto"  # auto: f32 for a float32 model | f32 | f16 | u8 (the plugin's x86 default)
+    kv_cache_precision: str = "auto"  # auto: f32 for a float32 model | f32 | f16 (the plugin's default here) | u8
 
     def __post_init__(self) -> None:
         choice("backend.options.kv_cache_precision", self.kv_cache_precision, KV_PRECISIONS)
