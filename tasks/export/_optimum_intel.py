@@ -28,7 +28,9 @@ VERSIONS = ("optimum-intel", "optimum", "transformers", "nncf", "openvino", "ope
 
 def main(request_path: str) -> None:
     request = json.loads(Path(request_path).read_text())
-    import openvino as ov
+    import openvino as ov  # lazy: openvino, only when the exporter's process runs
+
+    # lazy: optimum-intel, from the exporter's environment, only when its process runs
     from optimum.commands.optimum_cli import main as optimum_cli
 
     out = Path(request["out"])
