@@ -16,12 +16,11 @@ from tasks.specs import PIN, ConfigError, dist_name
 from tests.conftest import DECODE, FAST_BENCH, plan_jobs
 
 needs_openvino = pytest.mark.skipif(not installed("openvino"), reason="pip install -e '.[openvino]'")
-DYNAMIC = "model.kv_cache=dynamic"
 
 
 @needs_openvino
 def test_it_plans_an_ir_per_model_phase_and_quant_and_names_its_variants():
-    jobs = [["backend=openvino_optimum", DYNAMIC, f"model={m}", f"phase={p}", f"model.quant={q}"]
+    jobs = [["backend=openvino_optimum", f"model={m}", f"phase={p}", f"model.quant={q}"]
             for m in ("llama", "qwen2") for p in ("prefill", "decode") for q in ("none", "int8", "int4", "8da4w")]  # fmt: skip
     plan = plan_jobs(*jobs)
     assert not plan.skipped, plan.skipped
@@ -34,11 +33,11 @@ def test_it_plans_an_ir_per_model_phase_and_quant_and_names_its_variants():
 @pytest.mark.parametrize(
     ("overrides", "reason"),
     [
-        (["model.kv_cache=static"], "backend openvino_optimum cannot run model.kv_cache=static: the IR's cache is OpenVINO state"),
-        ([DYNAMIC, "model.dtype=float16"], "backend openvino_optimum does not run model.dtype=float16 on device=cpu (runs: float32)"),
-        ([DYNAMIC, "model.quant=q4_k_m"], "backend openvino_optimum cannot run model.quant=q4_k_m on device=cpu"),
-        ([DYNAMIC, "device=cuda"], "backend openvino_optimum does not run on device=cuda (backend.devices: cpu)"),
-        ([DYNAMIC, "model=gemma2"], "backend openvino_optimum cannot make model.family=gemma2: optimum-intel 2.2.0 exports it with transformers 5.0 at most"),
+        (["model.kv_cache=dynamic"], "backend openvino_optimum cannot run model.kv_cache=dynamic: the IR keeps its KV cache as OpenVINO state"),
+        (["model.dtype=float16"], "backend openvino_optimum does not run model.dtype=float16 on device=cpu (runs: float32)"),
+        (["model.quant=q4_k_m"], "backend openvino_optimum cannot run model.quant=q4_k_m on device=cpu"),
+        (["device=cuda"], "backend openvino_optimum does not run on device=cuda (backend.devices: cpu)"),
+        (["model=gemma2"], "backend openvino_optimum cannot make model.family=gemma2: optimum-intel 2.2.0 exports it with transformers 5.0 at most"),
     ],
 )
 def test_what_it_cannot_make_or_run_is_planned_as_skipped_with_the_reason(overrides, reason):
@@ -49,7 +48,7 @@ def test_what_it_cannot_make_or_run_is_planned_as_skipped_with_the_reason(overri
 def test_a_family_it_does_not_admit_is_skipped_with_the_reason(monkeypatch):
     monkeypatch.setattr(openvino_ir, "FAMILIES", ("qwen2",))
     monkeypatch.setattr("tasks.contract.installed", lambda distribution: True)
-    plan = plan_jobs(["backend=openvino_optimum", "phase=decode", DYNAMIC])
+    plan = plan_jobs(["backend=openvino_optimum", "phase=decode"])
     assert plan.skipped[0].reason.startswith("backend openvino_optimum: optimum-intel's exporter is not admitted for model.family=llama")
 
 
@@ -137,7 +136,7 @@ def test_an_ir_without_an_output_head_fails_loudly():
 @needs_openvino
 @pytest.mark.parametrize(("quant", "constant"), [("none", None), ("int8", "const.i8"), ("int4", "const.i4")])
 def test_the_ir_is_stateful_and_compressed_as_model_quant_says(planned_variant, quant, constant):
-    result, _ = planned_variant("backend=openvino_optimum", DYNAMIC, "phase=decode", f"model.quant={quant}")
+    result, _ = planned_variant("backend=openvino_optimum", "phase=decode", f"model.quant={quant}")
     assert result.ok, result.failure and result.failure.traceback
     ops = result.anatomy["ops"]
     assert ops.get("ReadValue", 0) > 0 and ops.get("Assign", 0) == ops["ReadValue"], ops  # the cache is state
@@ -160,7 +159,7 @@ def test_the_ir_is_stateful_and_compressed_as_model_quant_says(planned_variant, 
 def test_it_runs_the_ir_with_parity_through_its_own_state_quality_and_a_profile(planned_variant, model, phase, quant):
     from tasks.jobs import bench_job
 
-    _, spec = planned_variant(f"model={model}", "backend=openvino_optimum", DYNAMIC, f"phase={phase}", f"model.quant={quant}")
+    _, spec = planned_variant(f"model={model}", "backend=openvino_optimum", f"phase={phase}", f"model.quant={quant}")
     bench = dataclasses.replace(spec.bench, quality=True, profile=True)
     result = bench_job(dataclasses.replace(spec, bench=bench))
     assert result.ok, result.failure and result.failure.traceback
@@ -181,7 +180,7 @@ def test_it_runs_the_ir_with_parity_through_its_own_state_quality_and_a_profile(
 def test_every_admitted_family_gives_transformers_logits_through_the_irs_state(planned_variant, family):
     from tasks.jobs import bench_job
 
-    _, spec = planned_variant(f"model={family}", "backend=openvino_optimum", DYNAMIC, "phase=decode")
+    _, spec = planned_variant(f"model={family}", "backend=openvino_optimum", "phase=decode")
     result = bench_job(spec)
     assert result.ok, result.failure and result.failure.traceback
     assert result.metrics["parity_max_abs_diff"] < 1e-4 and result.metrics["parity_steps"] == DECODE.parity_steps
@@ -196,7 +195,7 @@ def test_timed_decode_calls_run_from_the_contexts_depth_and_refill_the_state_aft
     from tasks.runtimes.openvino_stateful import REFILL
     from tasks.worker.entries import load_export
 
-    _, spec = planned_variant("backend=openvino_optimum", DYNAMIC, "phase=decode")
+    _, spec = planned_variant("backend=openvino_optimum", "phase=decode")
     meta, feeds, parity = load_export(spec.export_dir)
     session = runtime_module("openvino_stateful").load(spec, meta, feeds)
     call, timed = session.bind(feeds), session.timer()

@@ -47,7 +47,7 @@ class SweepContender(Contender):
 
     def __init__(self, checkpoint: Path, work: Path, threads: int, quant: str, growing: bool = False):
         self.model = ModelSpec(
-            name="llama", family="llama", size="checkpoint", arch={}, checkpoint=str(checkpoint.resolve()), quant=quant, kv_cache="dynamic"
+            name="llama", family="llama", size="checkpoint", arch={}, checkpoint=str(checkpoint.resolve()), quant=quant
         )
         self.work, self.threads, self.growing = work, threads, growing
         self.grows = growing

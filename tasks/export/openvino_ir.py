@@ -92,7 +92,12 @@ QUANT_ARGS = {
     "int4": ["--weight-format", "int4", "--sym", "--ratio", "1.0"],
     "8da4w": ["--weight-format", "int4", "--sym", "--ratio", "1.0"],  # the runtime quantises activations per group
 }
-_CACHE = "the IR's cache is OpenVINO state that grows by each call's tokens (a dynamic cache): model.kv_cache=dynamic"
+# the IR keeps its own cache (OWN_CACHE), as llama.cpp's context does: model.kv_cache does not choose it, so
+# the default (static) plans it once and the other values, which would make the same IR again, are skipped
+_CACHE = (
+    "the IR keeps its KV cache as OpenVINO state, which grows by each call's tokens, whatever model.kv_cache says: "
+    "the default, model.kv_cache=static, plans it once"
+)
 MOVEMENT = {
     "transposes": frozenset({"Transpose"}),
     "copies": frozenset({"Gather", "Concat", "Broadcast"}),
@@ -121,7 +126,7 @@ class OpenvinoIrFormat(ExportFormat):
     QUANTS = {"cpu": tuple(QUANT_ARGS)}
     QUANT_NOTE = "OpenVINO's weight compression (NNCF): int8, int4, and int4 weights under 8da4w; q4_k_m is llama.cpp's own type"
     REFUSALS = (
-        Refusal("model.kv_cache", "static", _CACHE),
+        Refusal("model.kv_cache", "dynamic", _CACHE),
         Refusal("model.kv_cache", "update_cache", _CACHE),
     )
 
