@@ -5,7 +5,9 @@ A benchmark, not a test. One Llama-architecture checkpoint (random seeded weight
 module (scripts/anchors/) exports it twice or more: with phasesweep's paths and with the
 runtime's own exporter (ONNX Runtime GenAI's model builder and generator; ExecuTorch's
 export_llama with its custom ops and XNNPACK; for llama.cpp, phasesweep's GGUF run by its
-session against llama.cpp's own llama-bench on the same file, which times its own calls). Every contender then runs the same calls,
+session against llama.cpp's own llama-bench on the same file, which times its own calls; for
+OpenVINO, optimum-intel's stateful IR run by phasesweep's session against
+openvino_genai.LLMPipeline's own per-token times on the same IR). Every contender then runs the same calls,
 interleaved: each round visits the contenders in a fresh random order and times a short
 block of calls of each, so a change of machine speed falls on all of them alike. The
 ratio of each contender to the runtime's own export is the median of the per-round ratios
@@ -16,6 +18,8 @@ of block medians, with a bootstrap 95% interval.
     python scripts/bench_vs_runtime_exporters.py --runtimes executorch --contexts 128 --rounds 10
     python scripts/bench_vs_runtime_exporters.py --json figures.json   # the figures, for the docs
     pip install -e '.[llamacpp]' && python scripts/bench_vs_runtime_exporters.py --runtimes llamacpp --quant none,int4
+    pip install openvino-genai==2026.4.1.0 openvino-tokenizers==2026.4.1.0   # beside '.[openvino]'
+    python scripts/bench_vs_runtime_exporters.py --runtimes openvino --quant none,int4
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ ARCH = {
     "pad_token_id": 0,
 }
 # each runtime's own exporter or tool
-ANCHORS = {"onnxruntime": "genai_generator", "executorch": "export_llama", "llamacpp": "llama_bench"}
+ANCHORS = {"onnxruntime": "genai_generator", "executorch": "export_llama", "llamacpp": "llama_bench", "openvino": "genai_pipeline"}
+QUANTISED = ("llamacpp", "openvino")  # the runtimes --quant applies to
 
 
 def write_checkpoint(folder: Path, arch: dict, seed: int) -> tuple[Path, Path]:
@@ -95,7 +100,7 @@ def build(runtime: str, ckpt: Path, params_json: Path, work: Path, threads: int,
     folder.mkdir(exist_ok=True)
     if runtime == "executorch":
         return module.build(ckpt, params_json, folder, threads, max_len=max_len)
-    if runtime == "llamacpp":
+    if runtime in QUANTISED:
         return module.build(ckpt, folder, threads, quant=quant)
     return module.build(ckpt, folder, threads)
 
@@ -105,7 +110,9 @@ def interleaved(
 ) -> dict[str, list[float]]:
     """Per contender, the median call time (ms) of each round's block. Each call is prepared
     once, untimed; a contender whose state advances per call (`grows`: a generator's context)
-    afresh every round, so each of its blocks starts at the same context."""
+    afresh every round, so each of its blocks starts at the same context. A call with a
+    `rewind` (a stateful session's: its state set back to the call's depth) is rewound before
+    each timed call, outside the clock, as the sweep's timer does."""
     rng = random.Random(seed)
     medians: dict[str, list[float]] = {name: [] for name in prepare}
     calls = {name: prep() for name, prep in prepare.items()}
@@ -118,9 +125,12 @@ def interleaved(
                 medians[name].append(statistics.median(call.block(block)))
                 continue
             for _ in range(warmup):
+                getattr(call, "rewind", lambda: None)()
                 call()
             times = []
+            rewind = getattr(call, "rewind", lambda: None)
             for _ in range(block):
+                rewind()
                 t0 = time.perf_counter_ns()
                 call()
                 times.append((time.perf_counter_ns() - t0) / 1e6)
@@ -175,8 +185,8 @@ def report(rows: list[dict], runtime: str | None = None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runtimes", default="onnxruntime,executorch", help="comma-separated: onnxruntime, executorch, llamacpp")
-    p.add_argument("--quant", default="none", help="llamacpp: comma-separated model.quant values (none, int8, int4, q4_k_m)")
+    p.add_argument("--runtimes", default="onnxruntime,executorch", help="comma-separated: onnxruntime, executorch, llamacpp, openvino")
+    p.add_argument("--quant", default="none", help="llamacpp, openvino: comma-separated model.quant values (none, int8, int4; q4_k_m: llamacpp)")
     p.add_argument("--contexts", default="128,1024", help="decode context lengths")
     p.add_argument("--prompt", type=int, default=128, help="prefill prompt length (0: no prefill)")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads of every contender")
@@ -201,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         ckpt, params_json = write_checkpoint(work, arch, args.seed)
         rows: list[dict] = []
-        for runtime, quant in [(r, q) for r in runtimes for q in (args.quant.split(",") if r == "llamacpp" else ["none"])]:
+        for runtime, quant in [(r, q) for r in runtimes for q in (args.quant.split(",") if r in QUANTISED else ["none"])]:
             t0 = time.perf_counter()
             contenders = build(runtime, ckpt, params_json, work, args.threads, max_len, quant)
             print(f"{runtime}: built {', '.join(contenders)} in {time.perf_counter() - t0:.0f} s")

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -58,34 +59,40 @@ def said(recorded: dict[str, object]) -> str:
     return f"  env {'built' if recorded[MADE] else 'reused'} in {float(recorded[SECONDS]):.1f}s"
 
 
-def env_key(env: EnvSpec) -> str:
-    """The pins and what their wheels are built for: this Python and machine."""
-    text = json.dumps({"pip": list(env.pip), "python": sys.version_info[:2], "machine": platform.machine()})
+def env_key(env: EnvSpec, waived: Sequence[str] = ()) -> str:
+    """The pins and what their wheels are built for: this Python and machine (and the
+    requirements its check waives, where any are)."""
+    key: dict[str, object] = {"pip": list(env.pip), "python": sys.version_info[:2], "machine": platform.machine()}
+    if waived:
+        key["waived"] = sorted(waived)
+    text = json.dumps(key)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def env_folder(env: EnvSpec, cache_entry: str) -> Path:
+def env_folder(env: EnvSpec, cache_entry: str, waived: Sequence[str] = ()) -> Path:
     """Where `env` lives on this node: beside `cache_entry`, an entry of the export cache."""
-    return Path(cache_entry).parent / ROOT / f"{env.tag.lstrip('_')[:80]}-{env_key(env)}"
+    return Path(cache_entry).parent / ROOT / f"{env.tag.lstrip('_')[:80]}-{env_key(env, waived)}"
 
 
-def ensure(env: EnvSpec, cache_entry: str) -> Built:
+def ensure(env: EnvSpec, cache_entry: str, waived: Sequence[str] = ()) -> Built:
     """`env` made on this node, or found made: its site folder, how long this took, whether it
-    was made now, and the versions it holds. Raises EnvError naming the pins and why."""
+    was made now, and the versions it holds. Raises EnvError naming the pins and why.
+    `waived`: distributions a pinned library requires that are left out on purpose (a format's
+    own environment names them with its reason: tasks/export/openvino_ir.py); env.pip waives none."""
     start = time.perf_counter()
-    folder = env_folder(env, cache_entry)
+    folder = env_folder(env, cache_entry, waived)
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f"{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per node; the others reuse what it made
         ready = folder / READY
         made = not ready.is_file()
         if made:
-            _build(env, folder)
+            _build(env, folder, waived)
         versions = json.loads(ready.read_text())["versions"]
     return Built(str(folder / "site"), time.perf_counter() - start, made, versions)
 
 
-def _build(env: EnvSpec, folder: Path) -> None:
+def _build(env: EnvSpec, folder: Path, waived: Sequence[str] = ()) -> None:
     """pip installs the pins alone (wheels only, no dependencies: those are the driver's), their
     requirements are checked against what the processes will import, then READY seals it."""
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
@@ -105,16 +112,17 @@ def _build(env: EnvSpec, folder: Path) -> None:
         why = (done.stderr.strip() or done.stdout.strip()).splitlines()
         raise EnvError(f"env.pip={list(env.pip)}: pip install failed: {why[-1] if why else done.returncode}")
     versions = {dist_name(d.metadata["Name"]): d.version for d in metadata.distributions(path=[str(site)])}
-    if problems := unmet(site):
+    if problems := unmet(site, waived):
         shutil.rmtree(tmp, ignore_errors=True)
         raise EnvError(f"env.pip={list(env.pip)} does not work with this environment: {'; '.join(problems)}")
     (tmp / READY).write_text(json.dumps({"pip": list(env.pip), "versions": versions, "python": sys.version}))
     os.replace(tmp, folder)
 
 
-def unmet(site: Path) -> list[str]:
+def unmet(site: Path, waived: Sequence[str] = ()) -> list[str]:
     """Each requirement of the libraries in `site` that what the import path finds (`site`
-    first, then this process's) does not meet: pip check's answer for an overlay."""
+    first, then this process's) does not meet: pip check's answer for an overlay. A requirement
+    on a distribution in `waived` is met by its absence (not by a wrong version)."""
     # lazy: packaging, only where an environment is built; every benchmark's process imports this module
     from packaging.requirements import InvalidRequirement, Requirement
 
@@ -129,6 +137,8 @@ def unmet(site: Path) -> list[str]:
             if req.marker is not None and not req.marker.evaluate({"extra": ""}):
                 continue  # an extra's, or another platform's
             found = next(iter(metadata.distributions(name=req.name, path=path)), None)
+            if found is None and dist_name(req.name) in waived:
+                continue
             if found is None:
                 problems.append(f"{dist.metadata['Name']} {dist.version} needs {req}, which is not installed")
             elif not req.specifier.contains(found.version, prereleases=True):
