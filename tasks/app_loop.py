@@ -43,6 +43,7 @@ class RuntimeForward:
         self.capacity = {n: feeds[n].shape for n in self.past}  # a static cache's buffers: pad the prompt's to them
         self.static = spec.decode.model.kv_cache == "static"
         self.inputs: dict[str, Any] = {}
+        self.spans: list[tuple[int, bool]] = []  # each runtime call's own time (ns), and whether on a filled cache
 
     def __call__(self, input_ids: Any, cache: Any = None, **_: Any) -> Any:
         import torch  # lazy: torch, only in a job's process
@@ -57,7 +58,10 @@ class RuntimeForward:
         return CausalLMOutputWithPast(logits=torch.as_tensor(logits), cache=cache)  # numpy or torch, as the session hands it
 
     def _prefill(self, ids: np.ndarray) -> np.ndarray:
-        first, *present = self.prefill.run({**self.prefill_feeds, "input_ids": ids})
+        feeds = {**self.prefill_feeds, "input_ids": ids}
+        t0 = time.perf_counter_ns()
+        first, *present = self.prefill.run(feeds)
+        self.spans.append((time.perf_counter_ns() - t0, False))
         arrays = {}
         for name, value in zip(self.past, present, strict=True):
             if self.static:  # the prompt's positions at the front of the decode graph's buffers
@@ -76,7 +80,9 @@ class RuntimeForward:
                 "or model.kv_cache=dynamic"
             )
         self.inputs.update(self.decode.place({"input_ids": ids, "cache_position": np.array([start], dtype=np.int64)}))
+        t0 = time.perf_counter_ns()
         first, *present = self.decode.step(self.inputs)
+        self.spans.append((time.perf_counter_ns() - t0, True))
         self.inputs.update(zip(self.past, present, strict=True))
         return self.decode.to_host(first)
 
@@ -96,6 +102,21 @@ class RuntimeForward:
         return {k: float(np.median(v)) / 1e6 for k, v in spans.items()}
 
 
+def call_timings(spans: list[tuple[int, bool]]) -> dict[str, float]:
+    """The runtime's own calls inside the timed runs (ms): `app_prefill_call_ms_median`,
+    `app_decode_call_ms_mean` and `_median`. The rest of the application's forward (handing
+    the runtime its inputs, reading its logits back) is the application's time outside them."""
+    prefill = [ns for ns, filled in spans if not filled]
+    decode = [ns for ns, filled in spans if filled]
+    out = {}
+    if prefill:
+        out["app_prefill_call_ms_median"] = float(np.median(prefill)) / 1e6
+    if decode:
+        out["app_decode_call_ms_mean"] = float(np.mean(decode)) / 1e6
+        out["app_decode_call_ms_median"] = float(np.median(decode)) / 1e6
+    return out
+
+
 def app_loop_job(spec: AppLoopSpec) -> AppLoopResult:
     """The application once on transformers (its tokens), once on the runtime untimed (warm-up,
     its tokens), then capture.timed_runs times on the runtime, timed."""
@@ -113,8 +134,10 @@ def app_loop_job(spec: AppLoopSpec) -> AppLoopResult:
         torch.set_num_threads(1)
         model.forward = forward = RuntimeForward(spec)
         ours = app(model)  # untimed: the sessions' first calls
+        forward.spans.clear()
         runs = timed_runs(spec.capture.options.timed_runs, app, model)
         result.timings, _ = timings(runs)
+        result.timings.update(call_timings(forward.spans))
         result.timings.update(forward.hot(HOT_CALLS, ours[:, : forward.prefill_feeds["input_ids"].shape[1]].numpy()))
         result.tokens_agree = float((ours == reference).float().mean())
         result.ok = True
