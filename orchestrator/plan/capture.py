@@ -154,9 +154,9 @@ class Captures:
             if phase.inputs is None or phase.inputs not in {p.inputs for p in r.kept}:
                 continue
             loop, t = r.at_calls.get(phase.call, {}), r.timings
-            if phase.kind == "decode" and "app_inter_token_ms" in loop:
-                return max(0.0, loop["app_inter_token_ms"] - loop["app_forward_ms"])
-            if phase.kind == "prefill" and "app_prefill_forward_ms_median" in t:
+            if phase.context_len is not None:  # a step on a filled cache
+                return max(0.0, loop["app_inter_token_ms"] - loop["app_forward_ms"]) if "app_inter_token_ms" in loop else None
+            if "app_prefill_forward_ms_median" in t:  # the prompt
                 return max(0.0, t["app_ttft_ms"] - t["app_prefill_forward_ms_median"])
         return None
 
