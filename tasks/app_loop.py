@@ -17,6 +17,7 @@ import numpy as np
 
 from tasks.measure.machine import benchmark_cores
 from tasks.model.models import build_model
+from tasks.model.tensors import to_numpy
 from tasks.phases.captured import load_app, timed_runs, timings
 from tasks.runtimes import runtime_module
 from tasks.specs import PAST, AppLoopResult, AppLoopSpec, BenchSpec, Failure
@@ -29,6 +30,11 @@ HOT_CALLS = 50  # back-to-back calls timed after the loop, as a benchmark times 
 def _session(spec: BenchSpec) -> tuple[Any, dict[str, np.ndarray]]:
     meta, feeds, _ = load_export(spec.export_dir)
     return runtime_module(spec.runtime).load(spec, meta, feeds), feeds
+
+
+def _host(value: Any) -> np.ndarray:
+    """A runtime's output on the host: a tensor's copy (tasks/model/tensors.py), an OrtValue's."""
+    return to_numpy(value) if hasattr(value, "detach") else np.asarray(value.numpy() if hasattr(value, "numpy") else value)
 
 
 class RuntimeForward:
@@ -58,10 +64,11 @@ class RuntimeForward:
         return CausalLMOutputWithPast(logits=torch.as_tensor(logits), cache=cache)  # numpy or torch, as the session hands it
 
     def _prefill(self, ids: np.ndarray) -> np.ndarray:
-        feeds = {**self.prefill_feeds, "input_ids": ids}
-        t0 = time.perf_counter_ns()
-        first, *present = self.prefill.run(feeds)
+        inputs = self.prefill.place({**self.prefill_feeds, "input_ids": ids})
+        t0 = time.perf_counter_ns()  # the call as a benchmark makes it: inputs placed, outputs left where the runtime puts them
+        first, *placed = self.prefill.step(inputs)
         self.spans.append((time.perf_counter_ns() - t0, False))
+        present = [_host(v) for v in placed]
         arrays = {}
         for name, value in zip(self.past, present, strict=True):
             if self.static:  # the prompt's positions at the front of the decode graph's buffers
@@ -70,7 +77,7 @@ class RuntimeForward:
                 value = buf
             arrays[name] = value
         self.inputs = self.decode.place({n: arrays.get(n, a) for n, a in self.decode_feeds.items()})
-        return first
+        return self.prefill.to_host(first)
 
     def _step(self, ids: np.ndarray, start: int) -> np.ndarray:
         if self.static and start >= self.capacity[self.past[0]][2]:
