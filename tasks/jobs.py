@@ -25,12 +25,13 @@ import numpy as np
 from tasks.depth_series import measure_series
 from tasks.export import describe, format_module
 from tasks.measure.bandwidth import machine_bandwidth
-from tasks.measure.bench import bench_metrics, measure, wall_clock
+from tasks.measure.bench import bench_metrics, gc_paused, measure, wall_clock
 from tasks.measure.environment import fingerprint, peak_bandwidth_gbs
 from tasks.measure.machine import benchmark_cores, core_list, peak_rss_mb, reset_peak_rss, watch
 from tasks.measure.parity import failure_text, quantized, tolerance
 from tasks.measure.profiles import CALLS
 from tasks.measure.quality import QUALITY
+from tasks.measure.rhythm import in_rhythm, shorter
 from tasks.model.families import FAMILIES
 from tasks.model.models import build_model, count_parameters, embedding_facts, model_dims
 from tasks.phases import phase_module
@@ -247,6 +248,13 @@ def bench_job(spec: BenchSpec) -> BenchResult:
             measure_series(spec, phase, session, result, phase_extras(spec, phase, meta, result, cores))
             if result.failure is not None:
                 return result
+        if spec.rhythm_gap_ms is not None:  # after the headline: the same call in its application's rhythm
+            growing = shorter(feeds) if spec.model.kv_cache == "dynamic" else None
+            calls = [call] if growing is None else [call, session.bind(growing)]
+            with session.timed_region(), gc_paused():
+                metrics, series = in_rhythm(calls, spec.rhythm_gap_ms, session.timer() or wall_clock(session.sync))
+            result.metrics.update(metrics)
+            result.series.update(series)
         if spec.bench.profile:  # after every timed call: the profiler never touches the numbers above
             stage = "profile"
 

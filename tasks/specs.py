@@ -286,6 +286,9 @@ class BenchSpec:
     runtime_options: dict[str, Any] = field(default_factory=dict)  # the runtime's typed Options, as a dict
     peak_bandwidth_gbs: float | None = None  # device memory peak; None: looked up by GPU name
     env: EnvSpec = field(default_factory=EnvSpec)  # the libraries it runs with (env.pip)
+    # a captured call: its application's own time between forwards there (ms, from the capture), after
+    # which its call is timed again besides back to back (tasks/measure/rhythm.py); None: not timed so
+    rhythm_gap_ms: float | None = None
 
 
 @dataclass

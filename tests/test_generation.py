@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.common.outcome import Outcome, Status
 from orchestrator.read.generation import generation_text, generations, interpolate, percentile, predict, step_times
-from orchestrator.read.generation_app import AppLoop, app_rows
+from orchestrator.read.generation_app import AppLoop, Basis, app_rows, rhythms
 from orchestrator.read.generation_plot import generation_plot
 from orchestrator.read.plots import GENERATION, make_plots, plot_rows
 
@@ -115,12 +115,12 @@ def test_a_captured_application_is_compared_on_each_runtime_with_its_own_time_ou
     ort = next(g for g in gens if g.backend == "onnxruntime")
     on_ort = {"app_ttft_ms": 6.6, "app_inter_token_ms_mean": 2.9, "app_prefill_forward_ms_median": 5.1, "app_decode_forward_ms_mean": 1.2}
     rows = {r["figure"]: r for r in app_rows(gens, [loop], {ort.prefill: on_ort})}  # the capture's variants only
-    assert set(rows) == {"TTFT", "TPOT mean", "prefill fwd", "decode fwd mean"}
-    assert rows["TTFT"]["predicted_ms"] == pytest.approx(5.0 + 1.5)  # the app's 1.5 ms outside its prefill added
+    assert set(rows) == {"TTFT", "TPOT mean", "prefill call, back to back", "decode call mean, back to back"}
+    assert rows["TTFT"]["predicted_ms"] == pytest.approx(5.0 + 1.5)  # no runtime calls timed apart: the app's 1.5 ms on transformers
     assert rows["TTFT"]["ratio"] == pytest.approx(6.5 / 6.6, abs=1e-3) and rows["TTFT"]["verdict"] == "within 10%"
     assert rows["TPOT mean"]["predicted_ms"] == pytest.approx(ort.tpot_ms_mean + 1.3, abs=1e-4)
-    assert rows["prefill fwd"]["app_measured_ms"] == 5.1 and rows["TTFT"]["app_ran_on"] == "onnxruntime cpu"
-    assert rows["decode fwd mean"]["verdict"] == f"{ort.tpot_ms_mean / 1.2 - 1:+.0%}" != "within 10%"
+    assert rows["prefill call, back to back"]["app_measured_ms"] == 5.1 and rows["TTFT"]["app_ran_on"] == "onnxruntime cpu"
+    assert rows["decode call mean, back to back"]["verdict"] == f"{ort.tpot_ms_mean / 1.2 - 1:+.0%}" != "within 10%"
     assert "decode hot" not in rows  # no back-to-back calls timed after the loop
     hot = {**on_ort, "hot_prefill_forward_ms_median": 5.2, "hot_decode_forward_ms_median": 2.1}
     rows = {r["figure"]: r for r in app_rows(gens, [loop], {ort.prefill: hot})}
@@ -131,9 +131,44 @@ def test_a_captured_application_is_compared_on_each_runtime_with_its_own_time_ou
     assert AppLoop.of("llama", set(), {"app_ttft_ms": 7.0}) is None  # no decode timed: nothing to compare
     short = AppLoop.of("llama", {ort.prefill}, {**on_transformers, "app_calls": 2.0})  # predicted for the application's own N
     rows = {r["figure"]: r for r in app_rows(gens, [short], {ort.prefill: on_ort})}
-    assert rows["decode fwd mean"]["predicted_ms"] == 1.0 and rows["TTFT"]["generation"] == "P128 N2"
+    assert rows["decode call mean, back to back"]["predicted_ms"] == 1.0 and rows["TTFT"]["generation"] == "P128 N2"
     long = AppLoop.of("llama", {ort.prefill}, {**on_transformers, "app_calls": 2000.0})
     assert app_rows(gens, [long], {})[0]["generation"] == "P128 N2000 (deeper than measured: held flat)"
+
+
+def rhythm_rows() -> list[dict]:
+    """sweep_rows() with ONNX Runtime's prompt and decode timed in rhythm: each call slower the
+    longer the gap before it (gap us -> ms), the steps' mean above their median (slow calls)."""
+    rows = sweep_rows()
+    for r in rows:
+        if r["name"] == "llama_prefill_onnxruntime_cpu":
+            r["series"] |= {"rhythm_by_gap_ms_median": [(100, 5.0), (1000, 6.0), (3000, 7.0)], "rhythm_by_gap_ms_mean": [(100, 9.0), (3000, 9.0)]}
+        if r["name"] == "llama_decode_onnxruntime_cpu":
+            r["series"] |= {"rhythm_by_gap_ms_median": [(100, 1.0), (3000, 1.0)], "rhythm_by_gap_ms_mean": [(100, 1.0), (1000, 1.5), (3000, 3.5)]}
+    return rows
+
+
+def test_the_runtimes_calls_are_predicted_in_the_applications_rhythm_at_its_own_gap_on_that_runtime():
+    """The prompt's median and the steps' mean, read at the gaps the application left between the
+    runtime's calls on that runtime (its time outside them), plus that time: the prediction."""
+    rows = rhythm_rows()
+    gens = generations(rows)
+    ort = next(g for g in gens if g.backend == "onnxruntime")
+    loop = AppLoop.of("llama", {ort.prefill, *ort.decode}, {"app_ttft_ms": 9.0, "app_inter_token_ms_mean": 3.0,
+                      "app_prefill_forward_ms_median": 8.0, "app_decode_forward_ms_mean": 2.9, "app_calls": 898.0})  # fmt: skip
+    on_ort = {"app_ttft_ms": 8.0, "app_inter_token_ms_mean": 3.0, "app_prefill_forward_ms_median": 7.8, "app_decode_forward_ms_mean": 2.5,
+              "app_prefill_call_ms_median": 6.0, "app_decode_call_ms_mean": 2.0}  # 2 ms outside the prompt's call, 1 ms per step
+    got = {r["figure"]: r for r in app_rows(gens, [loop], {ort.prefill: on_ort}, rhythms(rows))}
+    assert got["prefill call, in rhythm"]["predicted_ms"] == pytest.approx(6.5)  # the median series at 2000 us
+    assert got["prefill call, in rhythm"]["app_measured_ms"] == 6.0
+    assert got["decode call mean, in rhythm"]["predicted_ms"] == pytest.approx(1.5)  # the mean series at 1000 us, every depth
+    assert got["TTFT"]["predicted_ms"] == pytest.approx(6.5 + 2.0) and got["TTFT"]["app_measured_ms"] == 8.0
+    assert got["TPOT mean"]["predicted_ms"] == pytest.approx(1.5 + 1.0) and got["TPOT mean"]["verdict"] == "-17%"
+    assert got["outside, to 1st token"]["predicted_ms"] == pytest.approx(1.0) and got["outside, to 1st token"]["app_measured_ms"] == 2.0
+    assert got["outside, per step"]["predicted_ms"] == pytest.approx(0.1) and got["outside, per step"]["app_measured_ms"] == 1.0
+    et = next(g for g in gens if g.backend == "executorch")  # no rhythm timed: back to back, and the rows say so
+    assert Basis.of(et, rhythms(rows), 2.0, 1.0) == Basis(et.ttft_ms, et.points, False)
+    assert rhythms(rows)["llama_decode_onnxruntime_cpu"].depth == 128 and rhythms(rows)["llama_prefill_onnxruntime_cpu"].depth is None
 
 
 def captured_plan(kept_contexts: tuple[int, ...]):
@@ -167,6 +202,8 @@ def test_a_captured_sweep_prints_and_logs_its_generation_beside_the_applications
     from tests.test_sweep_run import FakeScheduler, FakeTracker, bench_ok, export_ok
 
     plan, capture = captured_plan((128, 426))
+    gaps = {pv.variant.phase.kind: pv.bench.rhythm_gap_ms for pv in plan.variants}  # timed in the application's rhythm
+    assert gaps == {"prefill": 1.0, "decode": None}  # its TTFT less its prefill; no loop timed at the decode calls
     tracker = FakeTracker()
     sched = FakeScheduler()
     run = SweepRun(plan, tmp_path, tracker, sched)
@@ -188,7 +225,7 @@ def test_a_captured_sweep_prints_and_logs_its_generation_beside_the_applications
     assert (gen["prompt"], gen["new_tokens"], gen["backend"]) == (128, 300, "onnxruntime")
     assert gen["ttft_ms"] == pytest.approx(1.003) and len(parent.files["generation_table.json"]) == 1  # bench_ok's median
     compared = {r["figure"]: r for r in parent.files["captures/generation_vs_app.json"]}
-    assert compared["TTFT"]["app_measured_ms"] == 4.0 and compared["decode fwd mean"]["app_measured_ms"] == 1.0
+    assert compared["TTFT"]["app_measured_ms"] == 4.0 and compared["decode call mean, back to back"]["app_measured_ms"] == 1.0
     assert compared["TTFT"]["predicted_ms"] == pytest.approx(1.003 + 1.0)  # + the app's 1 ms outside its prefill on transformers
     assert "Whole generation, predicted" in text and "the application run on each runtime" in text
     assert ("generation_ttft_tpot.png", "plots") in parent.artifacts
@@ -236,7 +273,8 @@ def test_the_captured_application_runs_on_onnxruntime_beside_its_predicted_gener
     (gen,) = artifact("generation.json")
     assert (gen["prompt"], gen["new_tokens"], gen["depths"]) == (128, 300, [128, 426])  # the application's own generation
     rows = {r["figure"]: r for r in artifact("captures/generation_vs_app.json")}
-    assert set(rows) == {"TTFT", "TPOT mean", "prefill fwd", "decode fwd mean", "prefill hot", "decode hot"}
+    assert set(rows) == {"TTFT", "TPOT mean", "prefill call, in rhythm", "decode call mean, in rhythm", "outside, to 1st token",
+                         "outside, per step", "prefill hot", "decode hot"}  # fmt: skip
     assert {r["app_ran_on"] for r in rows.values()} == {"onnxruntime cpu"}
     assert {r["tokens_as_on_transformers"] for r in rows.values()} == {"100%"}  # greedy, within parity: the same tokens
     assert all(r["predicted_ms"] > 0 and r["app_measured_ms"] > 0 for r in rows.values())

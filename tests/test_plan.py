@@ -112,8 +112,8 @@ def test_runtime_options_change_the_bench_key_not_the_export():
     a, b = plan_of(**{"backend.options.graph_optimization_level": "all,basic"}).variants
     assert a.export_key == b.export_key and a.variant.bench_key != b.variant.bench_key
     assert (a.bench.runtime_options, b.bench.runtime_options) == (
-        {"graph_optimization_level": "all"},
-        {"graph_optimization_level": "basic"},
+        {"graph_optimization_level": "all", "intra_op_spinning": True},
+        {"graph_optimization_level": "basic", "intra_op_spinning": True},
     )
     c, d = plan_of(**{"backend.export_options.optimize": "true,false"}).variants
     assert c.export_key != d.export_key

@@ -145,6 +145,21 @@ class Captures:
         key = self.of_point.get((id(point.model), id(point.phase)))
         return None if key is None else self.kept[(key, point.model.kv_cache)]
 
+    def gap_ms(self, phase: PhaseSpec) -> float | None:
+        """A kept call's application's own time between two forwards there, outside them (ms,
+        on transformers): for a decode call its inter-token time less its forward near that
+        call, for the prompt its time to the first token less the prefill's forward. None for
+        any other phase, or a capture that timed no such loop."""
+        for r in self.results.values():
+            if phase.inputs is None or phase.inputs not in {p.inputs for p in r.kept}:
+                continue
+            loop, t = r.at_calls.get(phase.call, {}), r.timings
+            if phase.context_len is not None:  # a step on a filled cache
+                return max(0.0, loop["app_inter_token_ms"] - loop["app_forward_ms"]) if "app_inter_token_ms" in loop else None
+            if "app_prefill_forward_ms_median" in t:  # the prompt
+                return max(0.0, t["app_ttft_ms"] - t["app_prefill_forward_ms_median"])
+        return None
+
     @staticmethod
     def _variants_of(result: CaptureResult, variants: dict[str, PhaseSpec]) -> dict[str, PhaseSpec]:
         """The variants (name -> phase) of one capture's kept calls: their inputs are its files."""

@@ -125,8 +125,9 @@ class Plan:
         return fork_servers(formats, {pv.bench.runtime for pv in self.variants})
 
 
-def bench_spec(name: str, v: Variant, export_dir: str) -> BenchSpec:
-    """What a variant's benchmark task gets, reading its export from `export_dir`."""
+def bench_spec(name: str, v: Variant, export_dir: str, rhythm_gap_ms: float | None = None) -> BenchSpec:
+    """What a variant's benchmark task gets, reading its export from `export_dir`; a captured
+    call's application's gap between forwards, `rhythm_gap_ms`, if its capture timed one."""
     return BenchSpec(
         variant=name,
         runtime=v.backend.runtime,
@@ -138,6 +139,7 @@ def bench_spec(name: str, v: Variant, export_dir: str) -> BenchSpec:
         runtime_options=dict(v.backend.options),
         peak_bandwidth_gbs=v.device.peak_bandwidth_gbs,
         env=v.env,
+        rhythm_gap_ms=rhythm_gap_ms,
     )
 
 
@@ -232,7 +234,8 @@ def _distinct_skipped(grid: _Grid, memo: Memo) -> list[tuple[int, Variant, Varia
 
 
 def _planned_variant(
-    name: str, v: Variant, jobs: list[int], configs: Sequence[DictConfig], capacity: Capacity, point: SweepPoint
+    name: str, v: Variant, jobs: list[int], configs: Sequence[DictConfig], capacity: Capacity, point: SweepPoint,
+    gap_ms: float | None = None,
 ) -> PlannedVariant:
     """A variant's benchmark spec and Ray request, and whether a node can hold it at all."""
     runtime, fmt = runtime_module(v.backend.runtime), format_module(v.backend.export_format)
@@ -246,7 +249,7 @@ def _planned_variant(
         name,
         v,
         tuple(jobs),
-        bench_spec(name, v, _export_dir(cache, v)),
+        bench_spec(name, v, _export_dir(cache, v), gap_ms),
         request,
         unplaceable=placement_error(capacity, v.device.name, v.weight_bytes),
         warning=memory_warning(capacity, v.weight_bytes, v.backend.export_format, peak),
@@ -295,7 +298,7 @@ def make_plan(
         for name, (idx, v, _, reason) in zip(names[len(order) :], unnamed, strict=True)
     ]
     planned = [
-        _planned_variant(name, v, jobs, configs, capacity, points[0])
+        _planned_variant(name, v, jobs, configs, capacity, points[0], captures.gap_ms(v.phase) if captures else None)
         for name, (v, jobs) in zip(names[: len(order)], order, strict=True)
     ]
     exports = _exports(planned, capacity, points[0].cluster.max_retries)

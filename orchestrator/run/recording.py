@@ -19,7 +19,7 @@ from orchestrator.read.generation import ARTIFACT as GENERATION
 from orchestrator.read.generation import TABLE as GENERATION_TABLE
 from orchestrator.read.generation import generation_record, generation_rows, generation_text, generations
 from orchestrator.read.generation_app import ARTIFACT as GENERATION_VS_APP
-from orchestrator.read.generation_app import AppLoop, app_rows, app_text
+from orchestrator.read.generation_app import AppLoop, app_rows, app_text, rhythms
 from orchestrator.read.plots import make_plots, plot_rows, profile_plot
 from orchestrator.read.stats import compare_paired
 from orchestrator.read.summary import sweep_note
@@ -184,7 +184,7 @@ def log_generation(tracker: Tracker, parent: str, plan: Plan, rows: list[dict[st
     tracker.log_dict(parent, generation_record(gens), GENERATION)
     tracker.log_table(parent, generation_rows(gens), GENERATION_TABLE)
     text = generation_text(gens)
-    if rows := app_rows(gens, app_loops(plan), on_runtime):
-        tracker.log_dict(parent, rows, GENERATION_VS_APP)
-        text += "\n\n" + app_text(rows)
+    if compared := app_rows(gens, app_loops(plan), on_runtime, rhythms(rows)):
+        tracker.log_dict(parent, compared, GENERATION_VS_APP)
+        text += "\n\n" + app_text(compared)
     return text

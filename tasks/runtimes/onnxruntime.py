@@ -24,9 +24,33 @@ PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", 
 @dataclass(frozen=True)
 class Options:
     graph_optimization_level: str = "all"  # ONNX Runtime's graph optimiser: disable | basic | extended | all
+    # its intra-op threads spin between parallel work (ONNX Runtime's default: on), and after a run until they park:
+    # the fastest back-to-back calls, and a core taken from whatever runs between them (session.intra_op.allow_spinning)
+    intra_op_spinning: bool = True
 
     def __post_init__(self) -> None:
         choice("backend.options.graph_optimization_level", self.graph_optimization_level, OPT_LEVELS)
+
+
+def session_options(options: Options, threads: int | None) -> Any:
+    """ONNX Runtime's SessionOptions for these backend options and intra-op threads (None: its default)."""
+    # lazy: onnxruntime, only in a job's process
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    level = ort.GraphOptimizationLevel
+    opts.graph_optimization_level = {
+        "disable": level.ORT_DISABLE_ALL,
+        "basic": level.ORT_ENABLE_BASIC,
+        "extended": level.ORT_ENABLE_EXTENDED,
+        "all": level.ORT_ENABLE_ALL,
+    }[options.graph_optimization_level]
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if threads:
+        opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.intra_op_spinning else "0")
+    return opts
 
 
 class OrtSession(Session):
@@ -42,18 +66,7 @@ class OrtSession(Session):
                 f"device={spec.device}: onnxruntime {ort.__version__} lacks {', '.join(missing)} "
                 f"(available: {', '.join(ort.get_available_providers())})"
             )
-        opts = ort.SessionOptions()
-        level = ort.GraphOptimizationLevel
-        opts.graph_optimization_level = {
-            "disable": level.ORT_DISABLE_ALL,
-            "basic": level.ORT_ENABLE_BASIC,
-            "extended": level.ORT_ENABLE_EXTENDED,
-            "all": level.ORT_ENABLE_ALL,
-        }[options.graph_optimization_level]
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        if spec.bench.threads:
-            opts.intra_op_num_threads = spec.bench.threads
-        opts.inter_op_num_threads = 1
+        opts = session_options(options, spec.bench.threads)
         self.metrics: dict[str, float] = {}
         self.device = "cuda" if spec.device == "cuda" else "cpu"
         self.session = self._optimized_anatomy(path, opts, providers)
@@ -65,6 +78,7 @@ class OrtSession(Session):
             "ort_inter_op_threads": 1,
             "ort_providers": ",".join(self.session.get_providers()),
             "ort_graph_optimization_level": options.graph_optimization_level,
+            "ort_intra_op_spinning": options.intra_op_spinning,
         }
         self._binding = None
 
