@@ -3,13 +3,19 @@
   phasesweep   phasesweep's GGUF (tasks/export/gguf.py, through tasks.jobs.export_job) run by its
                llama.cpp session (tasks/runtimes/llamacpp.py), timed by the caller call by call
   llama_bench  llama.cpp's own `llama-bench`, built from the same llama.cpp source the installed
-               llama-cpp-python vendors (tasks/export/gguf_source.py), on the same file with the
-               same threads; it times itself: `-p P -n 0` (a prompt of P tokens) and
-               `-p 0 -n 1 -d C` (one token after a depth of C), its per-repetition samples read
-               from its JSON output
+               llama-cpp-python vendors (tasks/export/gguf_source.py) and linked against the
+               shared libraries llama-cpp-python installed (the very libllama and libggml-cpu
+               phasesweep's session runs), on the same file with the same threads; it times
+               itself: `-p P -n 0` (a prompt of P tokens) and `-p 0 -n 1 -d C` (one token after
+               a depth of C), its per-repetition samples read from its JSON output
+  llama_bench_static  the same llama-bench as cmake links it: llama.cpp's libraries built
+               static, without -fPIC. The build, not the harness: on a 2-core AMD EPYC its
+               float32 decode took about 12% less CPU time per token than the installed
+               shared libraries, whoever called them (llama-bench, a C loop or phasesweep)
 
 llama-bench is built once with cmake into ~/.cache/phasesweep/llama-bench-<version>/ (outside
-the repository; minutes on a busy machine).
+the repository; minutes on a busy machine), then its objects relinked against the installed
+libraries (seconds).
 
     contenders = build(Path("ckpt"), Path("work"), threads=2, quant="none")
 """
@@ -17,7 +23,9 @@ the repository; minutes on a busy machine).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+import re
 import subprocess
 from collections.abc import Callable
 from dataclasses import asdict
@@ -46,14 +54,64 @@ class ProcessTimed:
         self.block = run
 
 
+# the static archives of llama.cpp's libraries in cmake's link of llama-bench, and the installed
+# shared library (llama_cpp/lib/lib<name>.so) each is replaced with
+SHARED = {"src/libllama.a": "llama", "ggml/src/libggml.a": "ggml", "ggml/src/libggml-cpu.a": "ggml-cpu", "ggml/src/libggml-base.a": "ggml-base"}
+
+
 def llama_bench() -> Path:
-    """llama-bench of the installed llama-cpp-python's llama.cpp, built once."""
+    """llama-bench of the installed llama-cpp-python's llama.cpp, built once (static, as cmake links it)."""
     folder = cache_root() / f"llama-bench-{version()}"
     binary = folder / "build" / "bin" / "llama-bench"
     if not binary.is_file():
         source = source_dir()
         subprocess.run(["cmake", "-S", str(source), "-B", str(folder / "build"), "-G", "Ninja", *CMAKE_OPTIONS], check=True)
         subprocess.run(["cmake", "--build", str(folder / "build"), "--target", "llama-bench"], check=True)
+    return binary
+
+
+def installed_libraries() -> Path:
+    """The folder of the shared libraries llama-cpp-python loads (llama_cpp/lib)."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("llama-cpp-python is not installed: pip install -e '.[llamacpp]'")
+    folder = Path(spec.origin).parent / "lib"
+    missing = [name for name in SHARED.values() if not (folder / f"lib{name}.so").exists()]
+    if missing:
+        raise RuntimeError(f"{folder}: no lib{', lib'.join(missing)}.so (a llama-cpp-python built without its shared libraries?)")
+    return folder
+
+
+def shared_link(ninja: str, libraries: Path) -> tuple[list[str], list[str]]:
+    """cmake's link of bin/llama-bench (its build.ninja's text) with llama.cpp's static archives
+    replaced by the shared libraries in `libraries`: (inputs, libraries) for the linker."""
+    block = ninja.split("\nbuild bin/llama-bench:", 1)
+    if len(block) < 2:
+        raise RuntimeError("build.ninja: no link of bin/llama-bench")
+    rule, _, _ = block[1].partition("\n\n")
+    inputs = rule.split("|", 1)[0].split()[1:]  # after the rule's name: the objects
+    found = re.search(r"^\s+LINK_LIBRARIES = (.*)$", rule, re.M)
+    if not inputs or not found:
+        raise RuntimeError("build.ninja: the link of bin/llama-bench names no objects or libraries")
+    linked = found.group(1).split()
+    absent = [archive for archive in SHARED if archive not in linked]
+    if absent:
+        raise RuntimeError(f"build.ninja: llama-bench's link has no {', '.join(absent)} to replace")
+    shared = [f"-L{libraries}", f"-Wl,-rpath,{libraries}"]
+    return inputs, [a for a in linked if a not in SHARED] + shared + [f"-l{SHARED[a]}" for a in SHARED]
+
+
+def llama_bench_shared() -> Path:
+    """llama-bench's objects linked against the installed llama-cpp-python's shared libraries, once."""
+    static = llama_bench()
+    build = static.parents[1]
+    binary = build / "bin" / "llama-bench-shared"
+    if not binary.is_file():
+        inputs, libraries = shared_link((build / "build.ninja").read_text(), installed_libraries())
+        cache = (build / "CMakeCache.txt").read_text()
+        compiler = re.search(r"^CMAKE_CXX_COMPILER:FILEPATH=(.*)$", cache, re.M)
+        cxx = compiler.group(1) if compiler else "c++"
+        subprocess.run([cxx, "-O3", "-DNDEBUG", *inputs, "-o", str(binary), *libraries], cwd=build, check=True)
     return binary
 
 
@@ -110,8 +168,8 @@ class SweepContender(Contender):
 class BenchContender(Contender):
     """llama-bench on the file the phasesweep contender made for the same phase and length."""
 
-    def __init__(self, ours: SweepContender, threads: int):
-        self.ours, self.threads, self.binary = ours, threads, llama_bench()
+    def __init__(self, ours: SweepContender, threads: int, binary: Path):
+        self.ours, self.threads, self.binary = ours, threads, binary
 
     def _timed(self, phase: PhaseSpec, flags: list[str]) -> ProcessTimed:
         out, _ = self.ours.export(phase)
@@ -136,4 +194,8 @@ class BenchContender(Contender):
 
 def build(checkpoint: Path, work: Path, threads: int, quant: str = "none") -> dict[str, Contender]:
     ours = SweepContender(Path(checkpoint), Path(work), threads, quant)
-    return {"phasesweep": ours, "llama_bench": BenchContender(ours, threads)}
+    return {
+        "phasesweep": ours,
+        "llama_bench": BenchContender(ours, threads, llama_bench_shared()),
+        "llama_bench_static": BenchContender(ours, threads, llama_bench()),
+    }
