@@ -22,18 +22,16 @@ libraries (seconds).
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import re
 import subprocess
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
-from scripts.anchors.onnxruntime import PARITY_STEPS, Contender
+from scripts.anchors.onnxruntime import PARITY_STEPS, Contender, export_entry
 from tasks.export.gguf_source import cache_root, source_dir, version
-from tasks.specs import BenchOptions, BenchSpec, ExportSpec, ModelSpec, PhaseSpec
+from tasks.specs import BenchOptions, BenchSpec, ModelSpec, PhaseSpec
 
 # what the script's cmake leaves out: only the library and llama-bench are built
 CMAKE_OPTIONS = ["-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
@@ -124,16 +122,10 @@ class SweepContender(Contender):
 
     def export(self, phase: PhaseSpec) -> tuple[str, BenchSpec]:
         """The export entry of this phase (made once, in work/exports) and a bench spec for it."""
-        from tasks.jobs import export_job
         from tasks.phases import phase_module
 
         phase = phase_module(phase.name).normalize(phase, self.model.kv_cache)  # decode's cache_len, as a sweep plans it
-        stamp = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(Path(self.model.checkpoint).iterdir())]
-        key = hashlib.sha256(json.dumps([asdict(self.model), asdict(phase), stamp], default=str).encode()).hexdigest()
-        out = self.work / "exports" / f"gguf_{phase.name}_{self.model.quant}-{key[:16]}"
-        result = export_job(ExportSpec(key, self.model, phase, "gguf", str(out), {}))
-        if not result.ok:
-            raise RuntimeError(f"gguf export failed: {result.failure.error}\n{result.failure.traceback}")
+        out = export_entry(self.work, self.model, phase, "gguf", f"gguf_{phase.name}_{self.model.quant}", {})
         bench = BenchSpec(
             out.name, "llamacpp", "cpu", self.model, phase, str(out), bench=BenchOptions(threads=self.threads), runtime_options=CACHE
         )

@@ -49,6 +49,20 @@ def _family(checkpoint: Path) -> str:
     return family_of(json.loads((checkpoint / "config.json").read_text())["model_type"])
 
 
+def export_entry(work: Path, model: ModelSpec, phase: PhaseSpec, export_format: str, label: str, options: dict[str, Any]) -> Path:
+    """The export entry of `phase` as a sweep makes it (tasks.jobs.export_job), made once under
+    work/exports: keyed by the model, the phase, the options and the checkpoint's files."""
+    from tasks.jobs import export_job
+
+    stamp = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(Path(model.checkpoint).iterdir())]
+    key = hashlib.sha256(json.dumps([asdict(model), asdict(phase), options, stamp], default=str).encode()).hexdigest()
+    out = work / "exports" / f"{label}-{key[:16]}"
+    result = export_job(ExportSpec(key, model, phase, export_format, str(out), options))
+    if not result.ok:
+        raise RuntimeError(f"{label} export failed: {result.failure.error}\n{result.failure.traceback}")
+    return out
+
+
 class SweepContender(Contender):
     """phasesweep's export and ORT session, as a sweep's benchmark runs them (tasks.jobs)."""
 
@@ -62,15 +76,9 @@ class SweepContender(Contender):
     def export(self, phase: PhaseSpec) -> tuple[str, BenchSpec]:
         """The export entry of this phase (made once, in work/exports) and a bench spec for it."""
         from tasks.export.onnx import Options
-        from tasks.jobs import export_job
 
         options = asdict(Options(exporter=self.exporter))
-        stamp = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(Path(self.model.checkpoint).iterdir())]
-        key = hashlib.sha256(json.dumps([asdict(self.model), asdict(phase), options, stamp], default=str).encode()).hexdigest()
-        out = self.work / "exports" / f"{self.model.family}_{phase.name}_{self.exporter}-{key[:16]}"
-        result = export_job(ExportSpec(key, self.model, phase, "onnx", str(out), options))
-        if not result.ok:
-            raise RuntimeError(f"{self.exporter} export failed: {result.failure.error}\n{result.failure.traceback}")
+        out = export_entry(self.work, self.model, phase, "onnx", f"{self.model.family}_{phase.name}_{self.exporter}", options)
         bench = BenchSpec(
             variant=out.name,
             runtime="onnxruntime",

@@ -26,18 +26,16 @@ checkpoint gets a word-level tokenizer over its ids (tasks/export/_genai.py writ
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from scripts.anchors.llamacpp import ProcessTimed
-from scripts.anchors.onnxruntime import PARITY_STEPS, Contender
-from tasks.specs import BenchOptions, BenchSpec, ExportSpec, ModelSpec, PhaseSpec
+from scripts.anchors.onnxruntime import PARITY_STEPS, Contender, export_entry
+from tasks.specs import BenchOptions, BenchSpec, ModelSpec, PhaseSpec
 
 KV_CACHE = {"kv_cache_precision": "f32"}  # the session's auto for float32, named: the pipeline gets the same
 
@@ -54,14 +52,8 @@ class SweepContender(Contender):
 
     def export(self, phase: PhaseSpec) -> tuple[str, BenchSpec]:
         """The export entry of this phase (made once, in work/exports) and a bench spec for it."""
-        from tasks.jobs import export_job
 
-        stamp = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(Path(self.model.checkpoint).iterdir())]
-        key = hashlib.sha256(json.dumps([asdict(self.model), asdict(phase), stamp], default=str).encode()).hexdigest()
-        out = self.work / "exports" / f"ir_{phase.name}_{self.model.quant}-{key[:16]}"
-        result = export_job(ExportSpec(key, self.model, phase, "openvino_ir", str(out), {}))
-        if not result.ok:
-            raise RuntimeError(f"openvino_ir export failed: {result.failure.error}\n{result.failure.traceback}")
+        out = export_entry(self.work, self.model, phase, "openvino_ir", f"ir_{phase.name}_{self.model.quant}", {})
         bench = BenchSpec(
             out.name, "openvino_stateful", "cpu", self.model, phase, str(out), bench=BenchOptions(threads=self.threads), runtime_options=KV_CACHE
         )
