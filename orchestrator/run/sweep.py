@@ -35,20 +35,27 @@ def run_sweep(
     t0 = time.perf_counter()
     points = validate_all(configs, overrides)
     rules = grid_rules(**(grid or {}))
+    cluster = points[0].cluster  # the sweep-wide groups: one setting for every job (validate_all)
+    tracking = points[0].tracking
+    if not dry_run and cluster.address is None:  # a local Ray's tasks write this machine's export cache
+        check_writable("cluster.export_cache", cluster.export_cache)
+    # the store checked now; MLflow's import and the store's opening beside Ray's start (a dry run makes none)
+    tracker = None if dry_run else Tracker(Store.checked(tracking), background=True)
+    sched = Scheduler(cluster)  # a local Ray: planned on this machine as measured, started below
+    try:  # a dry run plans the same way, for this machine or on a cluster joined and left, and runs no capture
+        plan = plan_on(sched, points, configs, overrides, rules, capture=not dry_run)
+    except BaseException:
+        sched.stop()
+        raise
     if dry_run:
-        say_dry_run(dry_plan(Scheduler(points[0].cluster), points, configs, overrides, rules))
+        sched.stop()
+        say_dry_run(plan)
         return {}
-    if points[0].cluster.address is None:  # a local Ray's tasks write this machine's export cache
-        check_writable("cluster.export_cache", points[0].cluster.export_cache)
-    # the store checked now; MLflow's import and the store's opening beside Ray's start
-    tracker = Tracker(Store.checked(points[0].tracking), background=True)
-    sched = Scheduler(points[0].cluster)  # a local Ray: planned on this machine as measured, started below
+    if not plan.variants and not plan.skipped:
+        return {}
     run: SweepRun | None = None
     try:  # a signal or an error anywhere from here, Ray's shutdown and the summary included, closes every open run
         try:
-            plan = plan_on(sched, points, configs, overrides, rules)
-            if not plan.variants and not plan.skipped:
-                return {}
             run = SweepRun(plan, out_dir, tracker, sched)
             earlier = reusable(plan, tracker, sched)
             if earlier is None:
@@ -82,16 +89,6 @@ def plan_on(sched: Scheduler, points: list[SweepPoint], configs: Sequence[DictCo
     plan = make_plan(points, configs, overrides, sched.capacity, rules, captures or None)
     say_plan(plan)
     return plan
-
-
-def dry_plan(sched: Scheduler, points: list[SweepPoint], configs: Sequence[DictConfig], overrides: list[list[str]],
-             rules: GridRules) -> Plan:  # fmt: skip
-    """The plan a sweep would make, made the same way: for this machine as a local Ray would
-    offer it (not started), or on a cluster joined, and left, for its capacity."""
-    try:
-        return plan_on(sched, points, configs, overrides, rules, capture=False)
-    finally:
-        sched.stop()
 
 
 def reusable(plan: Plan, tracker: Tracker, sched: Scheduler) -> dict[str, Any] | None:
