@@ -9,11 +9,13 @@ keeps each model's first N variants in grid order. Excluded points are listed wi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from orchestrator.plan.config import BackendCfg, DeviceCfg
+from orchestrator.plan.config import BackendCfg, DeviceCfg, SweepPoint
+from orchestrator.plan.variant import Variant
 from tasks.specs import (
     ATTENTIONS,
     DEVICES,
@@ -177,3 +179,78 @@ def grid_rules(
         raise ConfigError(f"hydra.launcher.pair={_text(pair)} must be one key, e.g. model.kv_cache (or null: no pairs)")
     pair = _key("hydra.launcher.pair", pair) if pair is not None else None
     return GridRules(_rules("include", include, groups), _rules("exclude", exclude, groups), max_variants, pair)
+
+
+# -- the grid sifted: what the planner names and places -----------------------------------------
+@dataclass(frozen=True)
+class Excluded:
+    """Points the grid's rules left out: nothing runs or is recorded."""
+
+    jobs: tuple[int, ...]
+    name: str  # its base name
+    rule: str  # the rule that excluded it, as the plan prints it
+
+    @property
+    def key(self) -> str:
+        more = f" +{len(self.jobs) - 1}" if len(self.jobs) > 1 else ""
+        return f"{self.name} (job #{self.jobs[0]}{more})"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One variant of one job's point, as the planner made it: `v` as the point gives it,
+    `resolved` with bench.threads resolved against the cluster, `identity` what tells its work apart."""
+
+    job: int
+    point: SweepPoint
+    v: Variant
+    resolved: Variant
+    identity: tuple[str, ...]
+
+
+@dataclass
+class Sifted:
+    """The grid's rows sorted: to run (one per distinct work, with the jobs it answers),
+    skipped (one per distinct work, with the reason) and excluded by the rules, in job order."""
+
+    kept: list[tuple[Variant, list[int]]] = field(default_factory=list)
+    skipped: list[tuple[Row, str]] = field(default_factory=list)
+    excluded: list[Excluded] = field(default_factory=list)
+
+
+def sift(rows: Sequence[Row], rules: GridRules, unsupported: Callable[[SweepPoint], str | None]) -> Sifted:
+    """The rows sorted by the rules, then by what each backend can run (`unsupported`: why not,
+    or None). Equal work is one variant answering all its jobs (a decode-only axis swept over
+    prefill); with rules.max_variants, each model's first N in grid order, the rest excluded."""
+    out = Sifted()
+    unique: dict[tuple[str, ...], tuple[Variant, list[int]]] = {}
+    seen: set[tuple[str, ...]] = set()  # the skipped ones' identities
+    for row in rows:
+        rule = rules.why_excluded(row.resolved.params) if rules.active else None
+        if rule:
+            out.excluded.append(Excluded((row.job,), row.v.base_name, rule))
+        elif reason := unsupported(row.point):
+            if row.identity not in seen:
+                seen.add(row.identity)
+                out.skipped.append((row, reason))
+        else:
+            unique.setdefault(row.identity, (row.resolved, []))[1].append(row.job)
+    out.kept = _capped(list(unique.values()), rules, out.excluded)
+    out.excluded.sort(key=lambda e: e.jobs[0])
+    return out
+
+
+def _capped(
+    order: list[tuple[Variant, list[int]]], rules: GridRules, excluded: list[Excluded]
+) -> list[tuple[Variant, list[int]]]:
+    """rules.max_variants: each model's first N variants; the rest added to `excluded`."""
+    if rules.max_variants is None:
+        return order
+    kept, per_model = [], Counter()
+    for v, jobs in order:
+        per_model[v.model.name] += 1
+        if per_model[v.model.name] <= rules.max_variants:
+            kept.append((v, jobs))
+        else:
+            excluded.append(Excluded(tuple(jobs), v.base_name, rules.cap_text(v.model.name)))
+    return kept

@@ -19,8 +19,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from orchestrator.plan.config import ConfigError, validate
-from orchestrator.plan.planner import bench_spec, export_spec
 from orchestrator.plan.variant import Variant
+from orchestrator.plan.work import bench_spec, export_spec
 from tasks.jobs import export_in_fresh_process
 from tasks.model.hub import local_model
 from tasks.paired import PairSpec
