@@ -24,7 +24,7 @@ from orchestrator.plan.pairs import pair_variants
 from orchestrator.plan.placement import Capacity, bench_threads
 from orchestrator.plan.support import Support
 from orchestrator.plan.variant import Memo, Variant
-from orchestrator.plan.work import ExportJob, PlannedVariant, export_jobs, planned_variants
+from orchestrator.plan.work import ExportJob, PlannedVariant, planned_work
 from tasks.specs import ExportSpec
 
 
@@ -118,7 +118,6 @@ def make_plan(
         for name, (row, reason) in zip(names[len(kept) :], grid.skipped, strict=True)
     ]
     named = [(name, v, jobs, gap) for name, (v, jobs, gap) in zip(names, kept, strict=False)]
-    planned = planned_variants(named, configs, capacity, points[0].cluster)
-    exports = export_jobs(planned, capacity, points[0].cluster.max_retries)
+    planned, exports = planned_work(named, configs, capacity, points[0].cluster)
     pairs = pair_variants(planned, rules.pair) if rules.pair else ()
     return Plan(points[0], capacity, tuple(planned), tuple(skipped), exports, tuple(grid.excluded), captures, pairs)

@@ -259,9 +259,10 @@ class Variant:
     @classmethod
     def from_point(cls, point: SweepPoint, overrides: tuple[str, ...] = (), memo: Memo | None = None) -> Variant:
         m = point.model
+        env = memo.env(point.env) if memo is not None else point.env.spec()
         if memo is not None and id(m) in memo.models:
             _, model, weight_bytes = memo.models[id(m)]
-            return cls(model, point.phase, point.backend, point.device, point.bench, tuple(overrides), weight_bytes, memo.env(point.env))
+            return cls(model, point.phase, point.backend, point.device, point.bench, tuple(overrides), weight_bytes, env)
         model = ModelSpec(
             name=m.name,
             family=m.family,
@@ -280,7 +281,6 @@ class Variant:
         weight_bytes = (point.parameters or estimated_parameters(m.family, point.arch)) * DTYPE_BYTES[m.dtype]
         if memo is not None:
             memo.models[id(m)] = (m, model, weight_bytes)
-        env = memo.env(point.env) if memo is not None else point.env.spec()
         return cls(model, point.phase, point.backend, point.device, point.bench, tuple(overrides), weight_bytes, env)
 
     @property

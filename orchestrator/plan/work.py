@@ -92,40 +92,33 @@ def _export_dir(cache: Path, v: Variant) -> str:
     return os.path.join(cache, f"{v.model.name}_{label(v.phase)}_{v.backend.export_format}-{v.export_key[:16]}")
 
 
-def planned_variants(
+def planned_work(
     named: Sequence[tuple[str, Variant, list[int], float | None]],
     configs: Sequence[DictConfig],
     capacity: Capacity,
     cluster: ClusterCfg,
-) -> list[PlannedVariant]:
+) -> tuple[list[PlannedVariant], dict[str, ExportJob]]:
     """Each named variant (name, variant, its jobs, its captured call's gap) with its benchmark's
-    spec and Ray request, and whether a node can hold it at all."""
+    spec and Ray request and whether a node can hold it at all; then one export job per export
+    key, serving every variant that reads it."""
     cache = Path(cluster.export_cache).expanduser().resolve()
-    out = []
+    planned, users = [], {}
     for name, v, jobs, gap_ms in named:
         spec = bench_spec(name, v, _export_dir(cache, v), gap_ms)
         runtime, fmt = runtime_module(v.backend.runtime), format_module(v.backend.export_format)
-        peak = max(fmt.MEMORY_FACTOR, runtime.MEMORY_FACTOR)
-        threads, device = v.bench.threads, v.device.name
+        peak, weights, device = max(fmt.MEMORY_FACTOR, runtime.MEMORY_FACTOR), v.weight_bytes, v.device.name
         request = bench_request(
-            capacity, device, threads, v.device.resources, v.weight_bytes, runtime.MEMORY_FACTOR, cluster.max_retries
+            capacity, device, v.bench.threads, v.device.resources, weights, runtime.MEMORY_FACTOR, cluster.max_retries
         )
-        unplaceable = placement_error(capacity, device, v.weight_bytes)
-        warning = memory_warning(capacity, v.weight_bytes, v.backend.export_format, peak)
-        out.append(PlannedVariant(name, v, tuple(jobs), spec, request, unplaceable, warning, configs))
-    return out
-
-
-def export_jobs(planned: Sequence[PlannedVariant], capacity: Capacity, max_retries: int) -> dict[str, ExportJob]:
-    """One export job per export key, serving every variant that reads it."""
-    users: dict[str, list[str]] = {}
-    for pv in planned:
-        users.setdefault(pv.export_key, []).append(pv.name)
+        unplaceable = placement_error(capacity, device, weights)
+        warning = memory_warning(capacity, weights, v.backend.export_format, peak)
+        planned.append(PlannedVariant(name, v, tuple(jobs), spec, request, unplaceable, warning, configs))
+        users.setdefault(v.export_key, []).append(name)
     exports: dict[str, ExportJob] = {}
     for pv in planned:
         v = pv.variant
         if v.export_key not in exports:
             fmt = format_module(v.backend.export_format)
-            request = export_request(capacity, fmt.RESOURCES, v.weight_bytes, fmt.MEMORY_FACTOR, max_retries)
+            request = export_request(capacity, fmt.RESOURCES, v.weight_bytes, fmt.MEMORY_FACTOR, cluster.max_retries)
             exports[v.export_key] = ExportJob(export_spec(v, pv.bench.export_dir), request, tuple(users[v.export_key]))
-    return exports
+    return planned, exports
