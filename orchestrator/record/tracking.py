@@ -125,9 +125,6 @@ class Tracker:
         # no "View run at" line from MLflow on every ended run: stdout is the sweep's (links.ui_lines)
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.uri = store.uri
-        self.sender: Sender | None = None  # a server's writes go through a journal on disk
-        if store.journal is not None:
-            self.sender = Sender(Journal(store.journal, self.uri), self.uri, store.outage_s, self._apply)
         self._artifact_uris: dict[str, str] = {}
         self._client: Any = None
         self._experiment_id: str | None = None
@@ -139,6 +136,10 @@ class Tracker:
             self._connecting.start()
         else:
             self._connect(store)
+        self.sender: Sender | None = None  # a server's writes go through a journal on disk (the connection needs none)
+        if store.journal is not None:
+            self.sender = Sender(Journal(store.journal, self.uri), self.uri, store.outage_s, self._apply)
+        if self._connecting is None:
             self._raise()
 
     def _connect(self, store: Store) -> None:
