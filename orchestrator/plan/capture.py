@@ -47,6 +47,8 @@ class Captures:
     requests: dict[str, Request] = field(default_factory=dict)
     results: dict[str, CaptureResult] = field(default_factory=dict)
     kept: dict[tuple[str, str], tuple[PhaseSpec, ...]] = field(default_factory=dict)  # (key, kv_cache) -> phases
+    # expand(): each point's kept phases, in job order; None for a point that captures nothing
+    per_point: list[tuple[PhaseSpec, ...] | None] = field(default_factory=list)
 
     @classmethod
     def of(cls, points: list[SweepPoint], capacity: Capacity) -> Captures:
@@ -123,15 +125,15 @@ class Captures:
 
     def expand(self, points: list[SweepPoint]) -> None:
         """The kept phases of each captured point, normalised for its cache layout and checked
-        against its model's dimensions (a ConfigError now, before any run exists)."""
-        for point in points:
-            if not wants_capture(point.phase):
-                continue
+        against its model's dimensions (a ConfigError now, before any run exists); the planner
+        reads them, point by point, as `per_point`."""
+        self.per_point = [self._kept(point) if wants_capture(point.phase) else None for point in points]
+
+    def _kept(self, point: SweepPoint) -> tuple[PhaseSpec, ...]:
+        key = self.of_point[(id(point.model), id(point.phase))]
+        slot = (key, point.model.kv_cache)
+        if slot not in self.kept:
             module = phase_module(point.phase.name)
-            key = self.of_point[(id(point.model), id(point.phase))]
-            slot = (key, point.model.kv_cache)
-            if slot in self.kept:
-                continue
             dims = model_dims(point.model.family, point.arch)
             phases = []
             for p in self.results[key].kept:
@@ -139,11 +141,7 @@ class Captures:
                 module.check(p, dims)
                 phases.append(p)
             self.kept[slot] = tuple(phases)
-
-    def phases(self, point: SweepPoint) -> tuple[PhaseSpec, ...] | None:
-        """The phases a captured point stands for (after expand()); None for any other point."""
-        key = self.of_point.get((id(point.model), id(point.phase)))
-        return None if key is None else self.kept[(key, point.model.kv_cache)]
+        return self.kept[slot]
 
     def gap_ms(self, phase: PhaseSpec) -> float | None:
         """A kept call's application's own time between two forwards there, outside them (ms,

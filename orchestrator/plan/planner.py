@@ -82,7 +82,7 @@ def _rows(
     threads: dict[tuple[Any, str], Any] = {}  # (bench options, device) -> them, threads resolved
     for idx, point in enumerate(points):
         base = Variant.from_point(point, tuple(overrides[idx]), memo)
-        kept = captures.phases(point) if captures else None
+        kept = captures.per_point[idx] if captures else None
         variants = per_depth(point, base) if kept is None else [replace(base, phase=phase) for phase in kept]
         for v in variants:
             key = (v.bench, v.device.name)
