@@ -109,15 +109,15 @@ def make_plan(
     rules = rules or GridRules()
     rows = _rows(points, overrides, capacity, captures, Variant.memo())
     grid = sift(rows, rules, Support())
-    kept = [(v, jobs, captures.gap_ms(v.phase) if captures else None) for v, jobs in grid.kept]
+    to_run = [(v, jobs, captures.gap_ms(v.phase) if captures else None) for v, jobs in grid.kept]
     # skipped points are named with the others: a float32 variant and its skipped bfloat16
     # twin must not share a name (both are recorded)
-    names = name_variants([v for v, _, _ in kept] + [row.resolved for row, _ in grid.skipped], overrides)
+    names = name_variants([v for v, _, _ in to_run] + [row.resolved for row, _ in grid.skipped], overrides)
     skipped = [
         Skipped(row.job, name, reason, row.v, configs)
-        for name, (row, reason) in zip(names[len(kept) :], grid.skipped, strict=True)
+        for name, (row, reason) in zip(names[len(to_run) :], grid.skipped, strict=True)
     ]
-    named = [(name, v, jobs, gap) for name, (v, jobs, gap) in zip(names, kept, strict=False)]
+    named = [(name, v, jobs, gap) for name, (v, jobs, gap) in zip(names[: len(to_run)], to_run, strict=True)]
     planned, exports = planned_work(named, configs, capacity, points[0].cluster)
     pairs = pair_variants(planned, rules.pair) if rules.pair else ()
     return Plan(points[0], capacity, tuple(planned), tuple(skipped), exports, tuple(grid.excluded), captures, pairs)
