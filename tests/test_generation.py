@@ -285,3 +285,23 @@ def test_the_captured_application_runs_on_onnxruntime_beside_its_predicted_gener
     page = report(uri, parent.info.run_id, "markdown", tmp_path / "report.md")  # rebuilt from the store alone
     assert "Whole generation, predicted" in page and "the application run on each runtime" in page
     assert (tmp_path / "report_plots" / "plots" / "generation_ttft_tpot.png").is_file()
+
+
+def test_the_loops_call_span_holds_the_runtimes_call_alone_not_the_handing_over_of_its_inputs():
+    """A step's binding and output copies are the application's own time: the span the loop
+    records is the call a benchmark times, so a slow hand-over cannot land in it."""
+    import time
+
+    from tasks.app_loop import RuntimeForward
+    from tasks.measure.session import Session, Staged
+
+    class SlowHandOver(Session):
+        def staged(self, inputs):
+            time.sleep(0.05)  # binding
+            return Staged(lambda: None, lambda: (time.sleep(0.05), ["logits"])[1])  # copies out after the call
+
+    forward = RuntimeForward.__new__(RuntimeForward)
+    forward.spans = []
+    assert forward._timed(SlowHandOver(), {}, True) == ["logits"]
+    ((ns, filled),) = forward.spans
+    assert filled and ns < 0.02e9

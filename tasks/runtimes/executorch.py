@@ -13,6 +13,7 @@ import numpy as np
 
 from tasks.contract import Runtime
 from tasks.measure.profiles import WARMUP, add, top_ops
+from tasks.measure.session import Staged
 from tasks.model.tensors import to_torch
 from tasks.runtimes._torch_session import TorchOutputSession
 from tasks.specs import BenchSpec
@@ -55,9 +56,23 @@ class PteSession(TorchOutputSession):
         return {n: to_torch(a, self.dtypes.get(n)) for n, a in arrays.items()}
 
     def step(self, inputs: dict[str, Any]) -> list[Any]:
-        """Outputs copied out of the method's memory, which its next call reuses."""
-        logits, *present = self.method.execute(list(inputs.values()))
-        return [logits, *(t.clone() for t in present)]
+        staged = self.staged(inputs)
+        staged.call()
+        return staged.outputs()
+
+    def staged(self, inputs: dict[str, Any]) -> Staged:
+        """The call executes the method; its outputs are copied out of the method's memory,
+        which its next call reuses."""
+        args, execute, held = list(inputs.values()), self.method.execute, [None]  # the last call's outputs only
+
+        def call() -> None:
+            held[0] = execute(args)
+
+        def outputs() -> list[Any]:
+            logits, *present = held[0]
+            return [logits, *(t.clone() for t in present)]
+
+        return Staged(call, outputs)
 
     def bind(self, feeds: dict[str, np.ndarray]):
         inputs = list(self.place(self.prepare(feeds)).values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from tasks.contract import Runtime
 from tasks.export.onnx import EXTERNAL_DATA_BYTES, anatomy, fused_counts
 from tasks.export.onnx_io import feeds_for, signature
 from tasks.measure.profiles import WARMUP, add, top_ops
-from tasks.measure.session import Session
+from tasks.measure.session import Session, Staged
 from tasks.specs import BenchSpec, choice
 
 OPT_LEVELS = ("disable", "basic", "extended", "all")
@@ -143,9 +144,14 @@ class OrtSession(Session):
         return {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), self.device, 0) for n, a in arrays.items()}
 
     def step(self, inputs: dict[str, Any]) -> list[Any]:
+        staged = self.staged(inputs)
+        staged.call()
+        return staged.outputs()
+
+    def staged(self, inputs: dict[str, Any]) -> Staged:
+        """The inputs bound now; the call runs the binding, its outputs OrtValues on the device."""
         binding = self._bound(self.feeds.placed(inputs, self))
-        self.session.run_with_iobinding(binding)
-        return binding.get_outputs()  # OrtValues, on the device
+        return Staged(partial(self.session.run_with_iobinding, binding), binding.get_outputs)
 
     def to_host(self, logits: Any) -> np.ndarray:
         return logits.numpy()
