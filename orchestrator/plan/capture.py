@@ -49,6 +49,7 @@ class Captures:
     kept: dict[tuple[str, str], tuple[PhaseSpec, ...]] = field(default_factory=dict)  # (key, kv_cache) -> phases
     # expand(): each point's kept phases, in job order; None for a point that captures nothing
     per_point: list[tuple[PhaseSpec, ...] | None] = field(default_factory=list)
+    gaps: dict[PhaseSpec, float | None] = field(default_factory=dict)  # expand(): each kept phase's gap_ms
 
     @classmethod
     def of(cls, points: list[SweepPoint], capacity: Capacity) -> Captures:
@@ -126,7 +127,7 @@ class Captures:
     def expand(self, points: list[SweepPoint]) -> None:
         """The kept phases of each captured point, normalised for its cache layout and checked
         against its model's dimensions (a ConfigError now, before any run exists); the planner
-        reads them, point by point, as `per_point`."""
+        reads them, point by point, as `per_point`, and each one's application gap in `gaps`."""
         self.per_point = [self._kept(point) if wants_capture(point.phase) else None for point in points]
 
     def _kept(self, point: SweepPoint) -> tuple[PhaseSpec, ...]:
@@ -140,6 +141,7 @@ class Captures:
                 p = module.normalize(p, point.model.kv_cache)
                 module.check(p, dims)
                 phases.append(p)
+                self.gaps[p] = self.gap_ms(p)
             self.kept[slot] = tuple(phases)
         return self.kept[slot]
 

@@ -9,7 +9,6 @@ names the key, the value and what is allowed. Identical errors of many jobs are 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -20,87 +19,13 @@ from orchestrator.plan import checks
 from orchestrator.plan.checks import EXPERIMENT_NAME_MAX, baseline_last, check_bench, fraction, safe_name, typed
 from orchestrator.plan.convert import merged, plain_object
 from orchestrator.plan.env import EnvCfg
+from orchestrator.plan.model_group import Model, ModelCfg, architecture
 from tasks.export import format_module
-from tasks.model.checkpoint import read_checkpoint
-from tasks.model.families import FAMILIES, check_attention, graph_scalings, model_dims
-from tasks.model.hub import hub_checkpoint, is_hub_id
 from tasks.phases import phase_module
 from tasks.runtimes import profiled_runtimes, runtime_module
-from tasks.specs import (
-    ATTENTIONS,
-    DEVICES,
-    DTYPES,
-    GROUPED_QUANTS,
-    KV_CACHES,
-    BenchOptions,
-    ConfigError,
-    PhaseSpec,
-    at_least,
-    check_model_choices,
-    check_quant,
-    choice,
-    resolve_attention,
-)
+from tasks.specs import DEVICES, BenchOptions, ConfigError, PhaseSpec, at_least, choice
 
 __all__ = ["ConfigError", "SweepPoint", "validate", "validate_all"]
-
-
-@dataclass
-class ModelCfg:
-    name: str
-    family: str
-    size: str
-    sizes: dict[str, Any]
-    checkpoint: str | None = None
-    dtype: str = "float32"
-    seed: int = 0
-    kv_cache: str = "static"
-    attention: str = "sdpa"
-    quant: str = "none"
-    quant_group: int = 32
-    revision: str | None = None  # a Hub id's branch, tag or commit (null: its default branch); once read, the commit
-
-    def check(self) -> None:
-        safe_name("model.name", self.name)
-        if self.revision is not None and not (self.checkpoint and is_hub_id(self.checkpoint)):
-            raise ConfigError(
-                f"model.revision={self.revision!r} with model.checkpoint={self.checkpoint!r}: a revision chooses a "
-                "commit of a Hugging Face id (model.checkpoint=ORG/NAME, no local path of that name); leave it null"
-            )
-        choice("model.family", self.family, FAMILIES)
-        choice("model.size", self.size, self.sizes)
-        choice("model.dtype", self.dtype, DTYPES)
-        choice("model.kv_cache", self.kv_cache, KV_CACHES)
-        choice("model.attention", self.attention, ("auto", *ATTENTIONS))  # auto: resolved with the architecture
-        check_quant(self.quant, self.quant_group)
-        if self.attention != "auto":
-            check_model_choices(self.kv_cache, self.attention)
-
-    def architecture(self, chosen: str | None = None, named: bool = False) -> tuple[dict[str, Any], int | None]:
-        """The transformers config, the size preset's or the checkpoint's config.json, and a
-        checkpoint's exact parameter count (from its tensors' shapes; None for a preset). A
-        checkpoint (tasks.model.checkpoint: every rule, before any work) sets the family and,
-        unless `named` (model.name given), the name; `chosen`: the command line's `model=` or
-        `model.family=`, refused when its family is not the checkpoint's. A Hugging Face id
-        (tasks.model.hub) is resolved first: `revision` becomes the commit it names."""
-        if self.checkpoint is None:
-            return dict(self.sizes[self.size]), None
-        if is_hub_id(self.checkpoint):
-            ckpt = hub_checkpoint(self.checkpoint, self.revision)
-            self.revision = ckpt.revision
-        else:
-            ckpt = read_checkpoint(self.checkpoint)
-        if ckpt.family != self.family:
-            if chosen is not None:
-                raise ConfigError(
-                    f"{chosen} (family {self.family}) and model.checkpoint={self.checkpoint!r} (family "
-                    f"{ckpt.family}, config.json model_type={ckpt.config['model_type']!r}) disagree; leave model= out "
-                    "and the checkpoint chooses"
-                )
-            self.family = ckpt.family
-        if not named:
-            self.name = ckpt.name
-        return ckpt.config, sum(math.prod(shape) for shape in ckpt.shapes.values())
 
 
 @dataclass
@@ -118,6 +43,7 @@ class BackendCfg:
             choice("backend.devices[]", d, DEVICES)
         self.runtime = self.runtime or self.name
         fmt, rt = format_module(self.export_format), runtime_module(self.runtime)
+        self.format_part, self.runtime_part = fmt, rt  # handed on (no fields, so no params): none looks them up again
         self.export_options = typed("backend.export_options", fmt.Options, self.export_options)
         self.options = typed("backend.options", rt.Options, self.options)
 
@@ -272,7 +198,7 @@ class _Validator:
         self.sections, self.overrides = sections, overrides
         self.converted: dict[Hashable, Any] = {}  # section key -> dataclass | ConfigError
         self.checked: dict[Hashable, ConfigError | None] = {}
-        self.models: dict[Hashable, _Model | ConfigError] = {}  # model key -> its architecture
+        self.models: dict[Hashable, Model | ConfigError] = {}  # model key -> its architecture
         self.phases: dict[tuple[Hashable, Hashable], PhaseSpec | ConfigError] = {}
 
     @staticmethod
@@ -304,10 +230,10 @@ class _Validator:
                 raise self.checked[keys[key]]
         point = SweepPoint(**parts)
         if keys["model"] not in self.models:  # a checkpoint's every problem, before the phase's
-            self.models[keys["model"]] = self._outcome(lambda: _architecture(point.model, chosen, named))
+            self.models[keys["model"]] = self._outcome(lambda: architecture(point.model, chosen, named))
         if isinstance(self.models[keys["model"]], ConfigError):
             raise self.models[keys["model"]]
-        if point.bench.profile and runtime_module(point.backend.runtime).PROFILER is None:
+        if point.bench.profile and point.backend.runtime_part.PROFILER is None:
             raise ConfigError(
                 f"bench.profile=true: backend.runtime={point.backend.runtime!r} has no profiler (no PROFILER in "
                 f"its RUNTIME); runtimes that profile: {', '.join(profiled_runtimes())}"
@@ -338,30 +264,6 @@ def _model_choice(overrides: Sequence[str]) -> tuple[str | None, bool]:
         chosen = f"{key}={value}" if key in ("model", "model.family") else chosen
         named = named or key == "model.name"
     return chosen, named
-
-
-_Model = tuple[dict[str, Any], dict[str, int], int | None]  # arch, dims, a checkpoint's parameters
-
-
-def _architecture(model: ModelCfg, chosen: str | None, named: bool) -> _Model:
-    arch, parameters = model.architecture(chosen, named)
-    try:
-        dims = model_dims(model.family, arch)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"model.checkpoint={model.checkpoint!r}: config.json lacks {e}") from None
-    if model.attention == "auto":  # soft-capped scores need math; else the kv_cache's own attention
-        capped = graph_scalings(model.family, arch)["attention_softcap"] is not None
-        model.attention = "math" if capped and model.kv_cache != "update_cache" else resolve_attention(model.kv_cache, "auto")
-    if model.quant in GROUPED_QUANTS and arch.get("hidden_size", 0) % model.quant_group:  # every linear but down_proj reads it
-        raise ConfigError(
-            f"model.quant_group={model.quant_group} does not divide the model's hidden size {arch['hidden_size']} "
-            f"(model.quant={model.quant}): choose a group that does"
-        )
-    try:  # what the config asks of the attention scores (soft-capping needs model.attention=math)
-        check_attention(model.family, arch, model.attention, model.kv_cache)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    return arch, dims, parameters
 
 
 def validate(cfg: DictConfig, overrides: Sequence[str] | None = None) -> SweepPoint:
@@ -397,4 +299,3 @@ def validate_all(configs: Sequence[DictConfig], overrides: list[list[str]]) -> l
                 f"settings (sweep {group} options in separate invocations)"
             )
     return points
-

@@ -10,16 +10,14 @@ from dataclasses import replace
 from orchestrator.plan.config import SweepPoint
 from orchestrator.plan.variant import Variant
 from tasks.contract import Point
-from tasks.export import format_module
 from tasks.phases import phase_module
-from tasks.runtimes import runtime_module
 
 
 def fixed_depth(point: SweepPoint) -> str | None:
     """Why this point's backend measures one depth per export, or None."""
     b = point.backend
     asked = Point(b.name, point.device.name, point.model, point.phase, b.export_options, b.options, point.arch)
-    return runtime_module(b.runtime).fixed_depth(asked) or format_module(b.export_format).fixed_depth(asked)
+    return b.runtime_part.fixed_depth(asked) or b.format_part.fixed_depth(asked)
 
 
 def per_depth(point: SweepPoint, v: Variant) -> list[Variant]:

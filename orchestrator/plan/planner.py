@@ -56,6 +56,7 @@ class Plan:
     excluded: tuple[Excluded, ...] = ()  # by the grid's rules, in job order
     captures: Captures | None = None  # phase=captured: what each application's capture kept
     pairs: tuple[tuple[str, str], ...] = ()  # hydra.launcher.pair: (baseline, candidate) variant names
+    store: Any = None  # where its runs are kept (orchestrator.record.store.Store), checked before it is made; None: a dry run
 
     def variant(self, name: str) -> PlannedVariant:
         return self._by_name[name]
@@ -100,6 +101,7 @@ def make_plan(
     capacity: Capacity,
     rules: GridRules | None = None,
     captures: Captures | None = None,
+    store: Any = None,
 ) -> Plan:
     """The whole grid, resolved against the cluster's capacity: named variants with their
     benchmark specs and resources, skipped combinations with reasons, deduplicated export
@@ -109,7 +111,7 @@ def make_plan(
     rules = rules or GridRules()
     rows = _rows(points, overrides, capacity, captures, Variant.memo())
     grid = sift(rows, rules, Support())
-    to_run = [(v, jobs, captures.gap_ms(v.phase) if captures else None) for v, jobs in grid.kept]
+    to_run = [(v, jobs, captures.gaps.get(v.phase) if captures else None) for v, jobs in grid.kept]
     # skipped points are named with the others: a float32 variant and its skipped bfloat16
     # twin must not share a name (both are recorded)
     names = name_variants([v for v, _, _ in to_run] + [row.resolved for row, _ in grid.skipped], overrides)
@@ -120,4 +122,4 @@ def make_plan(
     named = [(name, v, jobs, gap) for name, (v, jobs, gap) in zip(names[: len(to_run)], to_run, strict=True)]
     planned, exports = planned_work(named, configs, capacity, points[0].cluster)
     pairs = pair_variants(planned, rules.pair) if rules.pair else ()
-    return Plan(points[0], capacity, tuple(planned), tuple(skipped), exports, tuple(grid.excluded), captures, pairs)
+    return Plan(points[0], capacity, tuple(planned), tuple(skipped), exports, tuple(grid.excluded), captures, pairs, store)

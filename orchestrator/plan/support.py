@@ -7,8 +7,6 @@ from typing import Any
 
 from orchestrator.plan.config import SweepPoint
 from tasks.contract import Point
-from tasks.export import format_module
-from tasks.runtimes import runtime_module
 
 
 def unsupported(point: SweepPoint) -> str | None:
@@ -17,7 +15,7 @@ def unsupported(point: SweepPoint) -> str | None:
     if device not in b.devices:
         return f"backend {b.name} does not run on device={device} (backend.devices: {', '.join(b.devices)})"
     asked = Point(b.name, device, point.model, point.phase, b.export_options, b.options, point.arch)
-    return runtime_module(b.runtime).refuses(asked) or format_module(b.export_format).refuses(asked)
+    return b.runtime_part.refuses(asked) or b.format_part.refuses(asked)
 
 
 SCALARS = (str, int, float, bool, type(None))

@@ -12,10 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.plan.config import BackendCfg, DeviceCfg, SweepPoint
-from tasks.export import format_module
 from tasks.model.families import estimated_parameters
 from tasks.phases import label
-from tasks.runtimes import runtime_module
 from tasks.specs import DTYPE_BYTES, GROUPED_QUANTS, BenchOptions, EnvSpec, ModelSpec, PhaseSpec, QualitySpec
 
 TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"  # orchestrator/plan/variant.py -> the repository's tasks/
@@ -85,12 +83,6 @@ def quant_tag(model: ModelSpec) -> str:
     return f"_{model.quant}{group}"
 
 
-@cache
-def _name_tag(export_format: str) -> Any:
-    """The format's `name_tag(export_options) -> str`: what it adds to the backend's name."""
-    return format_module(export_format).name_tag
-
-
 def _model_identity(model: ModelSpec) -> dict[str, Any]:
     """What of the model changes an export: all but a preset's label, a checkpoint by its files."""
     identity = asdict(model)
@@ -106,7 +98,7 @@ def _export_texts(backend: BackendCfg) -> dict[str, str]:
         "format": _json(fmt),
         # the format's options only: eager and compile (format none) share one entry
         "options": _json(backend.export_options),
-        "versions": _json({lib: _version(lib) for lib in format_module(fmt).LIBRARIES}),
+        "versions": _json({lib: _version(lib) for lib in backend.format_part.LIBRARIES}),
         "tasks": _json(_tasks_source_hash()),
     }
 
@@ -286,7 +278,7 @@ class Variant:
     @property
     def base_name(self) -> str:
         backend = self.backend.name
-        if text := _name_tag(self.backend.export_format)(self.backend.export_options):
+        if text := self.backend.format_part.name_tag(self.backend.export_options):  # what the format adds to the name
             if not backend.endswith(f"_{text}"):  # backend=onnxruntime_genai says it already
                 backend += f"_{text}"  # e.g. onnxruntime_genai: an export option that makes another artifact
         return f"{self.model.name}_{label(self.phase)}_{backend}_{self.device.name}{quant_tag(self.model)}{self.env.tag}"
@@ -341,7 +333,7 @@ class Variant:
                 "options": self.backend.options,
                 "device": asdict(self.device),
                 "bench": asdict(self.bench),
-                "versions": {lib: _version(lib) for lib in runtime_module(self.backend.runtime).LIBRARIES},
+                "versions": {lib: _version(lib) for lib in self.backend.runtime_part.LIBRARIES},
                 **({"env": list(self.env.pip)} if self.env.pip else {}),  # the driver's versions above are not the env's
             }
         )

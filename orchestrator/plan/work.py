@@ -20,9 +20,7 @@ from orchestrator.plan.placement import (
     placement_error,
 )
 from orchestrator.plan.variant import Variant, quality_spec
-from tasks.export import format_module
 from tasks.phases import label
-from tasks.runtimes import runtime_module
 from tasks.specs import BenchSpec, ExportSpec
 
 
@@ -105,7 +103,7 @@ def planned_work(
     planned, users = [], {}
     for name, v, jobs, gap_ms in named:
         spec = bench_spec(name, v, _export_dir(cache, v), gap_ms)
-        runtime, fmt = runtime_module(v.backend.runtime), format_module(v.backend.export_format)
+        runtime, fmt = v.backend.runtime_part, v.backend.format_part
         peak, weights, device = max(fmt.MEMORY_FACTOR, runtime.MEMORY_FACTOR), v.weight_bytes, v.device.name
         request = bench_request(
             capacity, device, v.bench.threads, v.device.resources, weights, runtime.MEMORY_FACTOR, cluster.max_retries
@@ -118,7 +116,7 @@ def planned_work(
     for pv in planned:
         v = pv.variant
         if v.export_key not in exports:
-            fmt = format_module(v.backend.export_format)
+            fmt = v.backend.format_part
             request = export_request(capacity, fmt.RESOURCES, v.weight_bytes, fmt.MEMORY_FACTOR, cluster.max_retries)
             exports[v.export_key] = ExportJob(export_spec(v, pv.bench.export_dir), request, tuple(users[v.export_key]))
     return planned, exports

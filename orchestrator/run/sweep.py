@@ -36,14 +36,14 @@ def run_sweep(
     points = validate_all(configs, overrides)
     rules = grid_rules(**(grid or {}))
     cluster = points[0].cluster  # the sweep-wide groups: one setting for every job (validate_all)
-    tracking = points[0].tracking
     if not dry_run and cluster.address is None:  # a local Ray's tasks write this machine's export cache
         check_writable("cluster.export_cache", cluster.export_cache)
-    # the store checked now; MLflow's import and the store's opening beside Ray's start (a dry run makes none)
-    tracker = None if dry_run else Tracker(Store.checked(tracking), background=True)
+    store = None if dry_run else Store.checked(points[0].tracking)  # before any work: the plan carries it
     sched = Scheduler(cluster)  # a local Ray: planned on this machine as measured, started below
     try:  # a dry run plans the same way, for this machine or on a cluster joined and left, and runs no capture
-        plan = plan_on(sched, points, configs, overrides, rules, capture=not dry_run)
+        plan = plan_on(sched, points, configs, overrides, rules, store)
+        # the plan's store opened: MLflow's import and the store's opening beside Ray's start (SweepRun.measure)
+        tracker = None if dry_run else Tracker(plan.store, background=True)
     except BaseException:
         sched.stop()
         raise
@@ -77,16 +77,16 @@ def run_sweep(
 
 
 def plan_on(sched: Scheduler, points: list[SweepPoint], configs: Sequence[DictConfig], overrides: list[list[str]],
-            rules: GridRules, capture: bool = True) -> Plan:  # fmt: skip
+            rules: GridRules, store: Store | None) -> Plan:  # fmt: skip
     """The plan on the cluster's capacity (a cluster to join is started first, to read it),
-    after any captured application has run (`capture`: a dry run runs none); printed."""
+    after any captured application has run (a dry run, with no `store`, runs none); printed."""
     if sched.capacity is None:  # a cluster to join (or a Ray this process runs): its capacity is read from it
         sched.start()
-    captures = Captures.of(points, sched.capacity) if capture else None  # phase=captured: each application first
+    captures = Captures.of(points, sched.capacity) if store is not None else None  # phase=captured: each application first
     if captures:
         captures.run(sched)
         captures.expand(points)
-    plan = make_plan(points, configs, overrides, sched.capacity, rules, captures or None)
+    plan = make_plan(points, configs, overrides, sched.capacity, rules, captures or None, store)
     say_plan(plan)
     return plan
 
