@@ -85,7 +85,8 @@ class SweepContender(Contender):
         ids, position = np.asarray(inputs["input_ids"]), [context_len]
 
         def step() -> None:  # the next position each call: the state grows by one
-            engine.request.infer(engine.feeds(ids, position[0]), share_inputs=True)
+            engine.request.start_async(engine.feeds(ids, position[0]), share_inputs=True)  # as the session's call
+            engine.request.wait()
             position[0] += 1
 
         return step

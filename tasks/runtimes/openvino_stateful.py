@@ -97,7 +97,8 @@ class Bound:
             request.reset_state()
             request.infer()
             return
-        request.infer()
+        request.start_async()  # on the compiled model's stream thread, as LLMPipeline runs a decode step
+        request.wait()
         self.k += 1
         self.engine.depth = self.start + self.k
 
