@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from tasks.measure.profiles import top_ops
+from tasks.specs import ConfigError
 from tasks.runtimes import openvino as ov_runtime
 from tests.conftest import DECODE, FAST_BENCH, model_spec, plan_jobs
 
@@ -71,6 +72,17 @@ def test_the_plugin_is_set_from_the_benchmark_and_the_model():
     assert ov_runtime.config(_spec(dtype="float16"), ["FP32", "BF16"])["INFERENCE_PRECISION_HINT"] == "f32"
     assert ov_runtime.config(_spec(quant="int4"), [])["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0  # float activations
     assert ov_runtime.config(_spec(quant="8da4w", quant_group=64), [])["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 64
+    # CPU pinning only when backend.options.cpu_pinning names it: null leaves the plugin's default
+    assert ov_runtime.config(_spec(), [], cpu_pinning=False)["ENABLE_CPU_PINNING"] is False
+    assert ov_runtime.config(_spec(), [], cpu_pinning=True)["ENABLE_CPU_PINNING"] is True
+
+
+@pytest.mark.parametrize("backend", ["openvino", "openvino_optimum"])
+def test_cpu_pinning_is_a_typed_option_of_both_openvino_backends(backend):
+    plan = plan_jobs([f"backend={backend}", "phase=decode", "backend.options.cpu_pinning=false"])
+    assert [pv.bench.runtime_options["cpu_pinning"] for pv in plan.variants] == [False]
+    with pytest.raises(ConfigError, match=r"backend.options.cpu_pinning='maybe'"):
+        plan_jobs([f"backend={backend}", "phase=decode", "backend.options.cpu_pinning=maybe"])
 
 
 def _info(kind: str, us: int, status: str = "Status.EXECUTED", exec_type: str = "jit_avx512_f32"):
@@ -115,12 +127,13 @@ def test_it_runs_the_onnx_file_with_parity_quality_and_a_profile(planned_variant
     pytest.importorskip("openvino", reason="pip install -e '.[openvino]'")
     from tasks.jobs import bench_job
 
-    _, spec = planned_variant("backend=openvino", f"phase={phase}", f"model.quant={quant}")
+    _, spec = planned_variant("backend=openvino", f"phase={phase}", f"model.quant={quant}", "backend.options.cpu_pinning=false")
     result = bench_job(dataclasses.replace(spec, bench=dataclasses.replace(spec.bench, profile=True)))
     assert result.ok, result.failure and result.failure.traceback
     assert result.parity["passed"] and result.metrics["parity_steps"] == (1 if phase == "prefill" else DECODE.parity_steps)
     assert result.params["ov_inference_num_threads"] == FAST_BENCH.threads
     assert result.params["ov_inference_precision"] == "f32" and result.params["ov_performance_hint"] == "LATENCY"
+    assert result.params["ov_cpu_pinning"] is False
     assert result.metrics["ov_graph_FullyConnected"] > 0 and result.metrics["latency_ms_median"] > 0
     if quant != "none":  # measured against float32 eager
         assert 0 <= result.metrics["quality_kl"] and 0 <= result.metrics["quality_top1"] <= 1

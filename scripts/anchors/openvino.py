@@ -9,8 +9,9 @@ tasks/export/openvino_ir.py), run three ways.
                       token to the state (depth C, C+1, ...), as a generation does; a fresh session
                       every round (`grows`)
   genai_pipeline      openvino_genai.LLMPipeline on the same folder (the IR, its tokenizer's IR),
-                      with the same plugin settings and the SDPA attention backend (the stateful
-                      IR as exported; its default on CPU rebuilds the model with PagedAttention);
+                      with the same plugin settings (CPU pinning off on both: SETTINGS) and the
+                      SDPA attention backend (the stateful IR as exported; its default on CPU
+                      rebuilds the model with PagedAttention);
                       it times itself: a greedy generation of n + 2 tokens after the context, its
                       per-token durations (raw_metrics.m_durations: every token after the first)
                       without the first step after the prompt; a prefill is its time to first
@@ -37,7 +38,9 @@ from scripts.anchors.llamacpp import ProcessTimed
 from scripts.anchors.onnxruntime import PARITY_STEPS, Contender, export_entry
 from tasks.specs import BenchOptions, BenchSpec, ModelSpec, PhaseSpec
 
-KV_CACHE = {"kv_cache_precision": "f32"}  # the session's auto for float32, named: the pipeline gets the same
+# the session's auto for float32, named; and CPU pinning off: with it on, the two compiled models in
+# this process pin their stream threads in compile order and whichever is pinned later runs slower
+SETTINGS = {"kv_cache_precision": "f32", "cpu_pinning": False}
 
 
 class SweepContender(Contender):
@@ -55,7 +58,7 @@ class SweepContender(Contender):
 
         out = export_entry(self.work, self.model, phase, "openvino_ir", f"ir_{phase.name}_{self.model.quant}", {})
         bench = BenchSpec(
-            out.name, "openvino_stateful", "cpu", self.model, phase, str(out), bench=BenchOptions(threads=self.threads), runtime_options=KV_CACHE
+            out.name, "openvino_stateful", "cpu", self.model, phase, str(out), bench=BenchOptions(threads=self.threads), runtime_options=SETTINGS
         )
         return str(out), bench
 
@@ -85,7 +88,8 @@ class SweepContender(Contender):
         ids, position = np.asarray(inputs["input_ids"]), [context_len]
 
         def step() -> None:  # the next position each call: the state grows by one
-            engine.request.infer(engine.feeds(ids, position[0]), share_inputs=True)
+            engine.request.start_async(engine.feeds(ids, position[0]), share_inputs=True)  # as the session's call
+            engine.request.wait()
             position[0] += 1
 
         return step
@@ -116,6 +120,7 @@ class PipelineContender(Contender):
                 "DYNAMIC_QUANTIZATION_GROUP_SIZE": 32 if self.ours.model.quant == "8da4w" else 0,
                 "PERFORMANCE_HINT": "LATENCY",
                 "NUM_STREAMS": 1,
+                "ENABLE_CPU_PINNING": SETTINGS["cpu_pinning"],
             }
             self.pipes[out] = og.LLMPipeline(out, "CPU", **settings)
         return self.pipes[out]

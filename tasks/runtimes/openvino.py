@@ -11,6 +11,9 @@ How it is set, each recorded as a param:
   DYNAMIC_QUANTIZATION_GROUP_SIZE  model.quant's activations: 0 (float) for int8 and int4, the
                              quant group for 8da4w (int8 activations per group, on the file's
                              4-bit MatMulNBits weights)
+  ENABLE_CPU_PINNING         backend.options.cpu_pinning (null: the plugin's default, on with the
+                             LATENCY hint; false where other compiled models or processes share
+                             the cores: the stream's threads then move as the OS schedules them)
 
 The file's inputs and outputs are read through the format's adapter (tasks/export/onnx_io.py).
 The builder's graph (exporter=genai) is refused: OpenVINO 2026.4 reads its com.microsoft ops but
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +44,25 @@ FUSED = ("FullyConnected", "MatMul", "ScaledDotProductAttention", "RMS", "RoPE",
 NOT_OPS = ("Input", "Output", "Const")  # the runtime graph's ends and constants
 
 
-def config(spec: BenchSpec, capabilities: list[str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Options:
+    cpu_pinning: bool | None = None  # null: the CPU plugin's default (pinned with the LATENCY hint)
+
+
+def config(spec: BenchSpec, capabilities: list[str], cpu_pinning: bool | None = None) -> dict[str, Any]:
     """The CPU plugin's properties for this benchmark (OpenVINO's string keys and values)."""
     precision = PRECISION[spec.model.dtype]
     if precision == "f16" and "FP16" not in capabilities:
         precision = "f32"  # no f16 arithmetic on this CPU: the plugin would upcast anyway
     quant = spec.model.quant
+    pinning = {} if cpu_pinning is None else {"ENABLE_CPU_PINNING": cpu_pinning}
     return {
         "INFERENCE_NUM_THREADS": spec.bench.threads or 0,
         "PERFORMANCE_HINT": "LATENCY",
         "NUM_STREAMS": 1,
         "INFERENCE_PRECISION_HINT": precision,
         "DYNAMIC_QUANTIZATION_GROUP_SIZE": spec.model.quant_group if quant == "8da4w" else 0,
+        **pinning,
     }
 
 
@@ -83,7 +94,8 @@ class OvSession(Session):
         if spec.device != "cpu":
             raise RuntimeError(f"device={spec.device}: the openvino backend runs on cpu only")
         self.core = ov.Core()
-        self.config = config(spec, list(self.core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")))
+        pinning = Options(**spec.runtime_options).cpu_pinning
+        self.config = config(spec, list(self.core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")), pinning)
         self.path = path
         self.compiled = self.core.compile_model(self.core.read_model(str(path)), "CPU", self.config)
         self.request = self.compiled.create_infer_request()
@@ -98,6 +110,7 @@ class OvSession(Session):
             "ov_num_streams": int(get("NUM_STREAMS")),
             "ov_inference_precision": get("INFERENCE_PRECISION_HINT").to_string(),
             "ov_dynamic_quantization_group_size": get("DYNAMIC_QUANTIZATION_GROUP_SIZE"),
+            "ov_cpu_pinning": get("ENABLE_CPU_PINNING"),
         }
 
     def _set(self, request: Any, feeds: dict[str, np.ndarray]) -> None:
@@ -153,6 +166,7 @@ def profile_layers(infos: list[Any], per_op: dict[str, tuple[int, float]]) -> No
 
 
 class OpenvinoRuntime(Runtime):
+    Options = Options
     LIBRARIES = ("openvino",)
     REQUIRES = ("openvino",)
     PRELOAD = ("openvino", "onnx")  # onnx reads the file's inputs and outputs

@@ -20,7 +20,7 @@ state to it, as openvino_genai does between generations.
 
 How it is set, each recorded as a param: tasks/runtimes/openvino.py's config() (threads, the
 LATENCY hint with one stream, the inference precision, dynamic quantisation of activations for
-8da4w), and KV_CACHE_PRECISION from backend.options.kv_cache_precision (auto: f32 for a float32
+8da4w, CPU pinning from backend.options.cpu_pinning), and KV_CACHE_PRECISION from backend.options.kv_cache_precision (auto: f32 for a float32
 model; the CPU plugin's own default here, OpenVINO 2026.4.1 on this project's CPU, is f16, which
 rounds every cached key and value).
 """
@@ -37,6 +37,7 @@ import numpy as np
 from tasks.contract import Runtime
 from tasks.measure.profiles import WARMUP, top_ops
 from tasks.measure.session import Session
+from tasks.runtimes.openvino import Options as PluginOptions
 from tasks.runtimes.openvino import anatomy_metrics, config, graph_counts, profile_layers
 from tasks.specs import CONTEXT, BenchSpec, choice
 
@@ -51,7 +52,7 @@ HEAD_DEPTH = 4  # ops between the logits and the output head's MatMul, at most
 
 
 @dataclass(frozen=True)
-class Options:
+class Options(PluginOptions):
     kv_cache_precision: str = "auto"  # auto: f32 for a float32 model | f32 | f16 (the plugin's default here) | u8
 
     def __post_init__(self) -> None:
@@ -59,10 +60,11 @@ class Options:
 
 
 def stateful_config(spec: BenchSpec, capabilities: list[str]) -> dict[str, Any]:
-    precision = Options(**spec.runtime_options).kv_cache_precision
+    options = Options(**spec.runtime_options)
+    precision = options.kv_cache_precision
     if precision == "auto":
         precision = "f32" if spec.model.dtype == "float32" else "f16"
-    return {**config(spec, capabilities), "KV_CACHE_PRECISION": precision}
+    return {**config(spec, capabilities, options.cpu_pinning), "KV_CACHE_PRECISION": precision}
 
 
 class Bound:
@@ -97,7 +99,8 @@ class Bound:
             request.reset_state()
             request.infer()
             return
-        request.infer()
+        request.start_async()  # on the compiled model's stream thread, as LLMPipeline runs a decode step
+        request.wait()
         self.k += 1
         self.engine.depth = self.start + self.k
 
@@ -201,6 +204,7 @@ class StatefulSession(Session):
             "ov_inference_precision": get("INFERENCE_PRECISION_HINT").to_string(),
             "ov_kv_cache_precision": get("KV_CACHE_PRECISION").to_string(),
             "ov_dynamic_quantization_group_size": get("DYNAMIC_QUANTIZATION_GROUP_SIZE"),
+            "ov_cpu_pinning": get("ENABLE_CPU_PINNING"),
             "ov_decode_depths": f"context_len to context_len+{REFILL - 1}: the state refilled by a prefill every {REFILL} calls, untimed",
             "ov_logits": "last position (a Slice before the output head, as openvino_genai slices at load)",
         }
