@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from tasks.measure.profiles import top_ops
-from tasks.specs import ConfigError
 from tasks.runtimes import openvino as ov_runtime
+from tasks.specs import ConfigError
 from tests.conftest import DECODE, FAST_BENCH, model_spec, plan_jobs
 
 
