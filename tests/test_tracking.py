@@ -60,3 +60,71 @@ def test_only_a_local_artifact_store_is_linked_into():
     assert local_folder("/data/mlruns/0/abc/artifacts") == Path("/data/mlruns/0/abc/artifacts")
     for remote in ("mlflow-artifacts:/1/abc/artifacts", "s3://bucket/1/abc", "file://otherhost/x", "http://h/x"):
         assert local_folder(remote) is None, remote
+
+
+class AuthServer:
+    """A server that answers /health to anyone and MLflow's experiment search only to `user`:`password`,
+    as MLflow's basic-auth app does; `seen` keeps the Authorization each search came with."""
+
+    def __init__(self, user: str, password: str) -> None:
+        import base64
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        good = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        seen = self.seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.answer(200 if self.path == "/health" else 404)
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                seen.append(self.headers.get("Authorization"))
+                self.answer(200 if self.headers.get("Authorization") == good else 401)
+
+            def answer(self, code):
+                self.send_response(code)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_server_that_refuses_the_credentials_is_refused_when_the_store_is_checked(tmp_path, monkeypatch):
+    """Store.checked (before planning, before Ray) sends the credentials MLflow would: a wrong
+    password is refused()'s one line then, not an error after the plan is printed."""
+    import pytest
+
+    from orchestrator.plan.config import ConfigError
+
+    server = AuthServer("admin", "right")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_TOKEN", raising=False)
+    try:
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong")
+        with pytest.raises(ConfigError) as e:
+            Store.checked(TrackingCfg(uri=server.url))
+        assert str(e.value).startswith(f"tracking.uri='{server.url}' refused user 'admin' (401 not authenticated)")
+        monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD")
+        monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "t0k")  # no password: the token goes, as MLflow's client sends it
+        with pytest.raises(ConfigError):
+            Store.checked(TrackingCfg(uri=server.url))
+        assert server.seen[-1] == "Bearer t0k"
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "right")
+        assert Store.checked(TrackingCfg(uri=server.url)).uri == server.url
+        assert not (tmp_path / "mlflow.db").exists()
+    finally:
+        server.close()

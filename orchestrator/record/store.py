@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import os
 import tempfile
@@ -76,15 +77,44 @@ def check_reachable(uri: str) -> None:
     try:
         urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REACH_TIMEOUT_S).read()
     except urllib.error.HTTPError as e:
-        if e.code in (401, 403):
-            return  # it answers; credentials are checked on the first real call (credentials_checked)
-        raise ConfigError(f"tracking.uri={uri!r}: the server answered {e.code} on /health") from None
+        if e.code not in (401, 403):  # 401/403: it answers, and the credentials are tried below
+            raise ConfigError(f"tracking.uri={uri!r}: the server answered {e.code} on /health") from None
     except (OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         raise ConfigError(
             f"tracking.uri={uri!r} cannot be reached ({reason}); is the server running "
             "(scripts/mlflow_server.sh) and the address right?"
         ) from None
+    check_credentials(uri)
+
+
+def check_credentials(uri: str) -> None:
+    """The credentials MLflow will send, tried on one small read now, so a server that refuses
+    them is refused()'s one line before any work; EDIT on the experiment is met on the first write."""
+    # lazy: urllib.request loads ssl, and `sweep.py --help` imports this module
+    import urllib.error
+    import urllib.request
+
+    search = urllib.request.Request(
+        uri.rstrip("/") + "/api/2.0/mlflow/experiments/search", data=b'{"max_results": 1}', method="POST",
+        headers={"Content-Type": "application/json", **auth_header()},
+    )  # fmt: skip
+    try:
+        urllib.request.urlopen(search, timeout=REACH_TIMEOUT_S).read()
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            raise ConfigError(refused(uri, e.code)) from None
+    except (OSError, ValueError):
+        pass  # it answered /health just now; MLflow's own calls report what goes wrong next
+
+
+def auth_header() -> dict[str, str]:
+    """The Authorization MLflow's client sends from the environment: a user and password, else a token."""
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user and password:
+        return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def refused(uri: str, status: int) -> str:
