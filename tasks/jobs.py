@@ -67,7 +67,15 @@ def _failure(stage: str, exc: BaseException) -> Failure:
 def export_job(spec: ExportSpec) -> ExportResult:
     """Build the model, generate the phase's inputs and reference, export the graph. The entry
     is written in a temporary folder, sealed (tasks/worker/entries.py) and renamed into place;
-    a rerun reuses a verified entry and rebuilds an untrusted one."""
+    a rerun reuses a verified entry and rebuilds an untrusted one. The process lives on (a
+    notebook, a script): the model's memory goes back to the OS."""
+    result = _export_job(spec)
+    _release_memory()
+    return result
+
+
+def _export_job(spec: ExportSpec) -> ExportResult:
+    """export_job in a process that ends after it (export_in_fresh_process): nothing to give back."""
     _RAN.append("export")
     out = Path(spec.out_dir)
     rebuilt = None
@@ -84,7 +92,6 @@ def export_job(spec: ExportSpec) -> ExportResult:
         (tmp / META).write_text(json.dumps(meta, indent=1))
         write_manifest(tmp)
         share_files(tmp)  # a model's weights once in the cache, however many of its graphs hold them
-        _release_memory()  # the worker lives on: give a large model's memory back to the OS
         try:
             tmp.rename(out)
         except OSError:  # another worker filled the same entry first: keep theirs
@@ -207,7 +214,7 @@ def bench_in_fresh_process(spec: BenchSpec, timeout_s: float | None = None, fork
 
 def export_in_fresh_process(spec: ExportSpec, timeout_s: float | None = None, forks: str | None = None) -> ExportResult:
     """A crashing exporter fails its entry, not the worker."""
-    result, facts = _in_env(export_job, spec, timeout_s, "export", forks, spec.out_dir)
+    result, facts = _in_env(_export_job, spec, timeout_s, "export", forks, spec.out_dir)
     result.details.update(facts)
     return result
 
