@@ -94,11 +94,3 @@ def baseline_last(key: str, baseline: str | None) -> int | None:
         raise ConfigError(f"{key}={baseline!r}: give last:N (a whole N >= 1, e.g. last:5) or a sweep run's id or name")
     return int(n) if n != value else None
 
-
-def jobs_text(jobs: list[int], overrides: list[list[str]], total: int, shown: int = 3) -> str:
-    """The jobs a config error affects, as validate_all prints them after it."""
-    if total == 1:
-        return ""
-    listed = ", ".join(f"#{j} ({' '.join(overrides[j])})" for j in jobs[:shown])
-    more = f" and {len(jobs) - shown} more" if len(jobs) > shown else ""
-    return f"  [{len(jobs)} of {total} jobs: {listed}{more}]"

@@ -15,7 +15,6 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig
 
-from orchestrator.plan import checks
 from orchestrator.plan.checks import EXPERIMENT_NAME_MAX, baseline_last, check_bench, fraction, safe_name, typed
 from orchestrator.plan.convert import merged, plain_object
 from orchestrator.plan.env import EnvCfg
@@ -289,7 +288,7 @@ def validate_all(configs: Sequence[DictConfig], overrides: list[list[str]]) -> l
         except ConfigError as e:
             errors.setdefault(str(e), []).append(idx)
     if errors:
-        lines = [msg + checks.jobs_text(jobs, overrides, len(configs)) for msg, jobs in errors.items()]
+        lines = [msg + jobs_text(jobs, overrides, len(configs)) for msg, jobs in errors.items()]
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
     for group in ("tracking", "cluster"):  # one sweep is one MLflow parent run on one Ray
         values = {repr(v) for v in {id(getattr(p, group)): getattr(p, group) for p in points}.values()}
@@ -299,3 +298,12 @@ def validate_all(configs: Sequence[DictConfig], overrides: list[list[str]]) -> l
                 f"settings (sweep {group} options in separate invocations)"
             )
     return points
+
+
+def jobs_text(jobs: list[int], overrides: list[list[str]], total: int, shown: int = 3) -> str:
+    """The jobs a config error affects, as validate_all prints them after it."""
+    if total == 1:
+        return ""
+    listed = ", ".join(f"#{j} ({' '.join(overrides[j])})" for j in jobs[:shown])
+    more = f" and {len(jobs) - shown} more" if len(jobs) > shown else ""
+    return f"  [{len(jobs)} of {total} jobs: {listed}{more}]"

@@ -3,15 +3,11 @@
 - An export asks for its format's RESOURCES and MEMORY_FACTOR x the weights of memory.
 - A CPU benchmark asks for its node's bench slot and all the CPUs of the smallest bench node,
   so nothing of the sweep runs beside it; a CUDA benchmark asks for one GPU.
-- A dry run plans for `local_capacity()`: this machine as a local Ray would offer it.
 """
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from tasks.specs import ConfigError
@@ -134,25 +130,3 @@ def capacity_text(cap: Capacity) -> str:
         f"{cap.total_cpus} CPU(s), {cap.bench_slots} bench slot(s) of {cap.cpus} CPU(s), {cap.gpus} GPU(s), "
         f"{cap.memory / GiB:.1f} GiB for tasks on the largest node"
     )
-
-
-OBJECT_STORE_SHARE = 0.3  # Ray's default object store: 30% of available memory, the rest is its "memory"
-
-
-def local_capacity(num_cpus: int | None = None) -> Capacity:
-    """This machine as a local Ray started by the scheduler would offer it, without starting
-    one (a dry run): cluster.num_cpus or every core, one bench slot, the NVIDIA GPUs it sees
-    (CUDA_VISIBLE_DEVICES honoured), and Ray's default task memory (available memory less
-    its object store). An estimate: Ray measures memory when it starts."""
-    cpus = num_cpus or os.cpu_count() or 1
-    gpus = sum(1 for p in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name))
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        gpus = min(gpus, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
-    try:
-        meminfo = Path("/proc/meminfo").read_text()
-        available = int(re.search(r"MemAvailable:\s+(\d+) kB", meminfo).group(1)) * 1024
-    except (OSError, AttributeError):
-        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    memory = int(available * (1 - OBJECT_STORE_SHARE))
-    return Capacity(cpus=cpus, total_cpus=cpus, bench_slots=1, gpus=gpus, memory=memory)

@@ -32,11 +32,11 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from orchestrator.plan.config import validate_all
-from orchestrator.plan.placement import local_capacity
 from orchestrator.plan.planner import make_plan
 from orchestrator.plan.work import PlannedVariant, export_spec
 from orchestrator.read.quality_compare import quality_cell, quality_change
 from orchestrator.run.checkout import Commit, tree_id
+from orchestrator.run.scheduler import local_capacity
 from tasks.jobs import bench_in_fresh_process, export_in_fresh_process
 from tasks.measure.effect import band, side
 from tasks.paired import PairOptions, PairSpec, paired_job

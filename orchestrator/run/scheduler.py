@@ -7,7 +7,9 @@ What each task asks Ray for is decided when the plan is made (orchestrator/plan/
 from __future__ import annotations
 
 import logging
+import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.plan.config import ClusterCfg
-from orchestrator.plan.placement import Capacity, Request, capacity_of, local_capacity
+from orchestrator.plan.placement import Capacity, Request, capacity_of
 from orchestrator.run import entries, ray_session
 from orchestrator.run.fork_hosts import ForkServers
 from orchestrator.run.ray_session import root_cause
@@ -38,6 +40,28 @@ STAGES = {"export": "export", "bench": "benchmark", "capture": "capture", "pair"
 RETRIABLE = ("WorkerCrashedError", "NodeDiedError", "OutOfMemoryError", "ActorDiedError")
 # the driver's backstop beyond cluster.task_timeout_s (which the task's process enforces): a worker's start-up
 STARTUP_GRACE_S = 120.0
+
+
+OBJECT_STORE_SHARE = 0.3  # Ray's default object store: 30% of available memory, the rest is its "memory"
+
+
+def local_capacity(num_cpus: int | None = None) -> Capacity:
+    """This machine as a local Ray started by the scheduler would offer it, without starting
+    one (a dry run): cluster.num_cpus or every core, one bench slot, the NVIDIA GPUs it sees
+    (CUDA_VISIBLE_DEVICES honoured), and Ray's default task memory (available memory less
+    its object store). An estimate: Ray measures memory when it starts."""
+    cpus = num_cpus or os.cpu_count() or 1
+    gpus = sum(1 for p in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = min(gpus, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        available = int(re.search(r"MemAvailable:\s+(\d+) kB", meminfo).group(1)) * 1024
+    except (OSError, AttributeError):
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    memory = int(available * (1 - OBJECT_STORE_SHARE))
+    return Capacity(cpus=cpus, total_cpus=cpus, bench_slots=1, gpus=gpus, memory=memory)
 
 
 @contextmanager

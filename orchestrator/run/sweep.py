@@ -36,9 +36,9 @@ def run_sweep(
     points = validate_all(configs, overrides)
     rules = grid_rules(**(grid or {}))
     cluster = points[0].cluster  # the sweep-wide groups: one setting for every job (validate_all)
+    store = None if dry_run else Store.checked(points[0].tracking)  # before any work: the plan carries it
     if not dry_run and cluster.address is None:  # a local Ray's tasks write this machine's export cache
         check_writable("cluster.export_cache", cluster.export_cache)
-    store = None if dry_run else Store.checked(points[0].tracking)  # before any work: the plan carries it
     sched = Scheduler(cluster)  # a local Ray: planned on this machine as measured, started below
     try:  # a dry run plans the same way, for this machine or on a cluster joined and left, and runs no capture
         plan = plan_on(sched, points, configs, overrides, rules, store)
