@@ -207,3 +207,46 @@ def test_pareto_front_keeps_what_nothing_beats_on_both():
 
     points = [(2.0, 0.0), (1.0, 0.0), (0.6, 0.4), (0.4, 6.0), (0.7, 1.0), (0.5, 6.5)]
     assert pareto(points) == [3, 2, 1]  # by latency; (2.0, 0.0) is tied on quality and slower
+
+
+def test_labels_of_close_points_are_placed_apart_inside_the_axes():
+    """Five points crowded at the floor of a log axis, as float32 references of one model and
+    phase are on the speed-quality plot: each label in the axes, none over another or a marker."""
+    plt = draw.pyplot()
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    points = [(0.05, 1e-9), (0.052, 1e-9), (0.055, 1e-9), (0.2, 1e-9), (0.205, 1e-9), (0.1, 1e-2)]
+    ax.plot(*zip(*points, strict=True), "o")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(0.03, 0.4)
+    ax.set_ylim(5e-10, 1)
+    fig.tight_layout()
+    draw.place_labels(ax, points, [f"backend{i} (reference)" for i in range(len(points))])
+    from matplotlib.text import Text
+
+    renderer = fig.canvas.get_renderer()
+    for t in ax.texts:
+        t.update_positions(renderer)
+    boxes = [Text.get_window_extent(t, renderer) for t in ax.texts]  # the text alone, not its leader line
+    inside = ax.get_window_extent(renderer)
+    assert len(boxes) == len(points)
+    for i, box in enumerate(boxes):
+        assert inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1), ax.texts[i].get_text()
+        assert not any(box.overlaps(other) for other in boxes[i + 1 :]), ax.texts[i].get_text()
+    plt.close(fig)
+
+
+def test_the_memory_plot_colours_no_backend_red_which_marks_unstable(tmp_path, monkeypatch):
+    backends = ["eager", "compile", "onnxruntime", "executorch", "llamacpp", "openvino"]
+    rows = [row(backend=b, median=1.0 + i, peak_rss_mb=100.0 + 10 * i) for i, b in enumerate(backends)]
+    seen = []
+    axes_class = draw.pyplot().Axes
+    real_scatter = axes_class.scatter
+
+    def scatter(self, *args, **kwargs):
+        seen.append(kwargs["color"])
+        return real_scatter(self, *args, **kwargs)
+
+    monkeypatch.setattr(axes_class, "scatter", scatter)
+    assert trend_plots.memory_plot(rows, tmp_path / "memory.png")
+    assert len(seen) == len(backends) and set(seen) <= set(draw.PALETTE)

@@ -14,6 +14,7 @@ from orchestrator.read.draw import (
     log_axis,
     pad_log_limits,
     panel_grid,
+    place_labels,
     pyplot,
     save,
     suffix,
@@ -43,23 +44,32 @@ def quality_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     if not panels:
         return False
     fig, drawn = panel_grid(pyplot(), panels, 7.2, lambda _: 4.6)
+    labels = []  # each panel's (axes, points, texts), placed once the layout is final
     for ax, _, group in drawn:
         measured = [r for r in group if not r["metrics"].get(REFERENCE)]
         use_ppl = all(r["metrics"].get(PPL_INCREASE) is not None for r in measured)
         xs = [r["metrics"][MEDIAN] for r in group]
         ys = [_y(r["metrics"], use_ppl) for r in group]
-        _points(ax, group, xs, ys, use_ppl)
+        _points(ax, xs, ys, use_ppl)
         log_axis(ax.xaxis, xs)
         pad_log_limits(ax.set_xlim, xs, 1.5)
         (_ppl_axis if use_ppl else _kl_axis)(ax, ys)
         ax.set_xlabel("median latency per call, ms (log; a decode call is one token per row)", fontsize=9)
         ax.grid(alpha=0.3, which="major")
+        labels.append((ax, list(zip(xs, ys, strict=True)), [_label(r) for r in group]))
     fig.suptitle(
         "Speed against quality — blue, ringed and joined: the Pareto front (nothing both faster and better); orange: another is faster and no worse",
         fontsize=10,
     )
     fig.tight_layout()
+    for ax, points, texts in labels:
+        place_labels(ax, points, texts)
     return save(fig, path)
+
+
+def _label(r: dict[str, Any]) -> str:
+    """Its backend and what else its name says; `(reference)` on a float32 reference variant."""
+    return join_label(r["backend"], suffix(r)) + (" (reference)" if r["metrics"].get(REFERENCE) else "")
 
 
 def _panels(rows: list[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
@@ -78,23 +88,15 @@ def _y(m: dict[str, float], use_ppl: bool) -> float:
     return 100 * m[PPL_INCREASE] if use_ppl else max(m[KL], KL_FLOOR)
 
 
-def _points(ax: Any, group: list[dict[str, Any]], xs: list[float], ys: list[float], use_ppl: bool) -> None:
-    """A panel's variants as points, the Pareto front joined and ringed, each labelled."""
+def _points(ax: Any, xs: list[float], ys: list[float], use_ppl: bool) -> None:
+    """A panel's variants as points, the Pareto front joined and ringed."""
     # changes within rounding tie on the front: a perplexity within +-PPL_TIE %, a KL at the floor
     ranked = [0.0 if use_ppl and abs(y) < PPL_TIE else y for y in ys]
     front = pareto(list(zip(xs, ranked, strict=True)))
     ax.plot([xs[i] for i in front], [ys[i] for i in front], "-", color="0.6", lw=1, zorder=1, drawstyle="steps-post")
-    for rank, i in enumerate(sorted(range(len(group)), key=lambda i: xs[i])):
+    for i in range(len(xs)):
         on = i in front
         ax.plot(xs[i], ys[i], "o", color="C0" if on else "C1", ms=7, zorder=3, mec="black" if on else "none")
-        reference = " (reference)" if group[i]["metrics"].get(REFERENCE) else ""
-        ax.annotate(  # neighbours in x alternate above and below: close points keep readable labels
-            join_label(group[i]["backend"], suffix(group[i])) + reference,
-            (xs[i], ys[i]),
-            xytext=(6, 5 if rank % 2 == 0 else -12),
-            textcoords="offset points",
-            fontsize=8,
-        )
 
 
 def _ppl_axis(ax: Any, ys: list[float]) -> None:

@@ -17,6 +17,7 @@ from orchestrator.read.draw import (
     join_label,
     log_axis,
     pad_log_limits,
+    place_labels,
     pyplot,
     save,
     spans_decade,
@@ -194,19 +195,20 @@ def memory_plot(rows: list[dict[str, Any]], path: Path) -> bool:
     titles = dict([DEFAULT_MEMORY, *MEMORY_METRIC.values()])
     fig, axes = plt.subplots(1, len(kinds), figsize=(7.5 * len(kinds), 5.2), squeeze=False)
     backends = sorted({r["backend"] for pts in kinds.values() for r, _ in pts})
-    colors = {b: f"C{i % 10}" for i, b in enumerate(backends)}
+    colors = {b: PALETTE[i % len(PALETTE)] for i, b in enumerate(backends)}  # no red: its edge marks unstable
     shapes = sorted({(r["model"], r["phase"]) for pts in kinds.values() for r, _ in pts})
     markers = {s: "osD^v<>Pp*"[i % 10] for i, s in enumerate(shapes)}
     for ax, (metric, pts) in zip(axes[0], sorted(kinds.items()), strict=False):
         for r, mb in pts:
             style = {"color": colors[r["backend"]], "marker": markers[(r["model"], r["phase"])]}
             ax.scatter(mb, r["metrics"][MEDIAN], s=55, edgecolors="tab:red" if r.get("unstable") else "none", linewidths=1.5, zorder=3, **style)
-            if len(pts) <= 16:
-                ax.annotate(join_label(r["backend"], suffix(r)), (mb, r["metrics"][MEDIAN]), xytext=(5, 4), textcoords="offset points", fontsize=7, alpha=0.85)
         _memory_axes(ax, [mb for _, mb in pts], [r["metrics"][MEDIAN] for r, _ in pts], metric, titles[metric])
     unstable = any(r.get("unstable") for pts in kinds.values() for r, _ in pts)
     _memory_legend(axes[0][-1], colors, markers, unstable)
     fig.tight_layout()
+    for ax, (_, pts) in zip(axes[0], sorted(kinds.items()), strict=False):
+        if len(pts) <= 16:  # named where they fit; more would crowd the panel
+            place_labels(ax, [(mb, r["metrics"][MEDIAN]) for r, mb in pts], [join_label(r["backend"], suffix(r)) for r, _ in pts], 7)
     return save(fig, path)
 
 
