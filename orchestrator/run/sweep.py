@@ -42,6 +42,7 @@ def run_sweep(
     sched = Scheduler(cluster)  # a local Ray: planned on this machine as measured, started below
     try:  # a dry run plans the same way, for this machine or on a cluster joined and left, and runs no capture
         plan = plan_on(sched, points, configs, overrides, rules, store)
+        say_plan(plan)
         # the plan's store opened: MLflow's import and the store's opening beside Ray's start (SweepRun.measure)
         tracker = None if dry_run else Tracker(plan.store, background=True)
     except BaseException:
@@ -79,16 +80,14 @@ def run_sweep(
 def plan_on(sched: Scheduler, points: list[SweepPoint], configs: Sequence[DictConfig], overrides: list[list[str]],
             rules: GridRules, store: Store | None) -> Plan:  # fmt: skip
     """The plan on the cluster's capacity (a cluster to join is started first, to read it),
-    after any captured application has run (a dry run, with no `store`, runs none); printed."""
+    after any captured application has run (a dry run, with no `store`, runs none)."""
     if sched.capacity is None:  # a cluster to join (or a Ray this process runs): its capacity is read from it
         sched.start()
     captures = Captures.of(points, sched.capacity) if store is not None else None  # phase=captured: each application first
     if captures:
         captures.run(sched)
         captures.expand(points)
-    plan = make_plan(points, configs, overrides, sched.capacity, rules, captures or None, store)
-    say_plan(plan)
-    return plan
+    return make_plan(points, configs, overrides, sched.capacity, rules, captures or None, store)
 
 
 def reusable(plan: Plan, tracker: Tracker, sched: Scheduler) -> dict[str, Any] | None:
