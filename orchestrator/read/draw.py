@@ -73,10 +73,8 @@ def place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str], f
     placed: list[Any] = []
     for text, point in zip(texts, points, strict=True):
         k, box = _free_offset(ax, renderer, text, point, fontsize, inside, [*placed, *marks])
-        dx, dy = LABEL_OFFSETS[k]
         lead = {"arrowprops": {"arrowstyle": "-", "color": "0.6", "lw": 0.6}} if k >= 2 else {}
-        ax.annotate(text, point, xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
-                    ha="left" if dx > 0 else "right", **lead)  # fmt: skip
+        _label(ax, text, point, LABEL_OFFSETS[k], fontsize, **lead)
         placed.append(box)
 
 
@@ -84,15 +82,20 @@ def _free_offset(ax: Any, renderer: Any, text: str, point: tuple[float, float], 
                  inside: Any, taken: list[Any]) -> tuple[int, Any]:  # fmt: skip
     """(the index of the first free offset in LABEL_OFFSETS, or 0; the label's box there)."""
     first = None
-    for k, (dx, dy) in enumerate(LABEL_OFFSETS):
-        trial = ax.annotate(text, point, xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
-                            ha="left" if dx > 0 else "right")  # fmt: skip
+    for k, offset in enumerate(LABEL_OFFSETS):
+        trial = _label(ax, text, point, offset, fontsize)
         box = trial.get_window_extent(renderer)
         trial.remove()
         first = first or box
         if inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1) and not any(box.overlaps(b) for b in taken):
             return k, box
     return 0, first
+
+
+def _label(ax: Any, text: str, point: tuple[float, float], offset: tuple[int, int], fontsize: float, **more: Any) -> Any:
+    """`text` at `offset` points from `point`, reading away from it (right of it, or left)."""
+    return ax.annotate(text, point, xytext=offset, textcoords="offset points", fontsize=fontsize,
+                       ha="left" if offset[0] > 0 else "right", **more)  # fmt: skip
 
 
 def _box(x: float, y: float, half: float) -> Any:

@@ -49,6 +49,19 @@ class Options:
     cpu_pinning: bool | None = None  # null: the CPU plugin's default (pinned with the LATENCY hint)
 
 
+def plugin_params(compiled: Any) -> dict[str, Any]:
+    """What config() set, as the compiled model reports it: the params both openvino runtimes record."""
+    get = compiled.get_property
+    return {
+        "ov_inference_num_threads": get("INFERENCE_NUM_THREADS"),  # 0: OpenVINO's default (all cores)
+        "ov_performance_hint": str(get("PERFORMANCE_HINT")).rsplit(".", 1)[-1],
+        "ov_num_streams": int(get("NUM_STREAMS")),
+        "ov_inference_precision": get("INFERENCE_PRECISION_HINT").to_string(),
+        "ov_dynamic_quantization_group_size": get("DYNAMIC_QUANTIZATION_GROUP_SIZE"),
+        "ov_cpu_pinning": get("ENABLE_CPU_PINNING"),
+    }
+
+
 def config(spec: BenchSpec, capabilities: list[str], cpu_pinning: bool | None = None) -> dict[str, Any]:
     """The CPU plugin's properties for this benchmark (OpenVINO's string keys and values)."""
     precision = PRECISION[spec.model.dtype]
@@ -103,15 +116,7 @@ class OvSession(Session):
         self.output_names = self.feeds.output_names
         self.inputs = [i.get_any_name() for i in self.compiled.inputs]
         self.metrics = anatomy_metrics(graph_counts(self.compiled.get_runtime_model()))
-        get = self.compiled.get_property
-        self.info = {
-            "ov_inference_num_threads": get("INFERENCE_NUM_THREADS"),  # 0: OpenVINO's default (all cores)
-            "ov_performance_hint": str(get("PERFORMANCE_HINT")).rsplit(".", 1)[-1],
-            "ov_num_streams": int(get("NUM_STREAMS")),
-            "ov_inference_precision": get("INFERENCE_PRECISION_HINT").to_string(),
-            "ov_dynamic_quantization_group_size": get("DYNAMIC_QUANTIZATION_GROUP_SIZE"),
-            "ov_cpu_pinning": get("ENABLE_CPU_PINNING"),
-        }
+        self.info = plugin_params(self.compiled)
 
     def _set(self, request: Any, feeds: dict[str, np.ndarray]) -> None:
         # lazy: openvino, only in a job's process

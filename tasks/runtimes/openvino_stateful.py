@@ -20,9 +20,9 @@ state to it, as openvino_genai does between generations.
 
 How it is set, each recorded as a param: tasks/runtimes/openvino.py's config() (threads, the
 LATENCY hint with one stream, the inference precision, dynamic quantisation of activations for
-8da4w, CPU pinning from backend.options.cpu_pinning), and KV_CACHE_PRECISION from backend.options.kv_cache_precision (auto: f32 for a float32
-model; the CPU plugin's own default here, OpenVINO 2026.4.1 on this project's CPU, is f16, which
-rounds every cached key and value).
+8da4w, CPU pinning from backend.options.cpu_pinning), and KV_CACHE_PRECISION from
+backend.options.kv_cache_precision (auto: f32 for a float32 model; the CPU plugin's own default
+here, OpenVINO 2026.4.1 on this project's CPU, is f16, which rounds every cached key and value).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tasks.contract import Runtime
 from tasks.measure.profiles import WARMUP, top_ops
 from tasks.measure.session import Session
 from tasks.runtimes.openvino import Options as PluginOptions
-from tasks.runtimes.openvino import anatomy_metrics, config, graph_counts, profile_layers
+from tasks.runtimes.openvino import anatomy_metrics, config, graph_counts, plugin_params, profile_layers
 from tasks.specs import CONTEXT, BenchSpec, choice
 
 KV_PRECISIONS = ("auto", "f32", "f16", "u8")
@@ -196,15 +196,9 @@ class StatefulSession(Session):
         self.output_names = ["logits"]
         compiled = self.engine.compiled
         self.metrics = anatomy_metrics(graph_counts(compiled.get_runtime_model()))
-        get = compiled.get_property
         self.info = {
-            "ov_inference_num_threads": get("INFERENCE_NUM_THREADS"),
-            "ov_performance_hint": str(get("PERFORMANCE_HINT")).rsplit(".", 1)[-1],
-            "ov_num_streams": int(get("NUM_STREAMS")),
-            "ov_inference_precision": get("INFERENCE_PRECISION_HINT").to_string(),
-            "ov_kv_cache_precision": get("KV_CACHE_PRECISION").to_string(),
-            "ov_dynamic_quantization_group_size": get("DYNAMIC_QUANTIZATION_GROUP_SIZE"),
-            "ov_cpu_pinning": get("ENABLE_CPU_PINNING"),
+            **plugin_params(compiled),
+            "ov_kv_cache_precision": compiled.get_property("KV_CACHE_PRECISION").to_string(),
             "ov_decode_depths": f"context_len to context_len+{REFILL - 1}: the state refilled by a prefill every {REFILL} calls, untimed",
             "ov_logits": "last position (a Slice before the output head, as openvino_genai slices at load)",
         }
