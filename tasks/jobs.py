@@ -331,7 +331,7 @@ def phase_extras(
     probed with the benchmark's threads the first time a phase asks for it on this machine."""
     peak = spec.peak_bandwidth_gbs or peak_bandwidth_gbs(result.env.get("gpu_name", ""))
     threads = spec.bench.threads or len(cores) or 1
-    roofline = cache(lambda: machine_bandwidth(Path(spec.export_dir).parent, threads)) if spec.device == "cpu" else None
+    roofline = cache(lambda: machine_bandwidth(threads)) if spec.device == "cpu" else None
 
     def extras(feeds: dict[str, np.ndarray], median_ms: float) -> dict[str, float]:
         return phase.extra_metrics(

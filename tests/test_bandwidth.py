@@ -17,11 +17,22 @@ def test_the_probe_measures_read_and_copy(monkeypatch):
 def test_measured_once_per_fingerprint_and_thread_count(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(bandwidth, "probe", lambda threads: calls.append(threads) or {"read_gbs": 10.0 * threads, "copy_gbs": 5.0})
-    assert bandwidth.machine_bandwidth(tmp_path, 1)["read_gbs"] == 10.0
-    assert bandwidth.machine_bandwidth(tmp_path, 1)["read_gbs"] == 10.0
-    assert bandwidth.machine_bandwidth(tmp_path, 2)["read_gbs"] == 20.0
+    assert bandwidth.machine_bandwidth(1, tmp_path)["read_gbs"] == 10.0
+    assert bandwidth.machine_bandwidth(1, tmp_path)["read_gbs"] == 10.0
+    assert bandwidth.machine_bandwidth(2, tmp_path)["read_gbs"] == 20.0
     assert calls == [1, 2]
     assert len(list((tmp_path / bandwidth.FOLDER).glob("*.json"))) == 2
+
+
+def test_kept_in_the_users_cache_by_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(bandwidth, "probe", lambda threads: {"read_gbs": 7.0, "copy_gbs": 5.0})
+    assert bandwidth.machine_bandwidth(1)["read_gbs"] == 7.0
+    (kept,) = (tmp_path / "phasesweep" / bandwidth.FOLDER).glob("*.json")
+    monkeypatch.setattr(bandwidth, "probe", lambda threads: {"read_gbs": 99.0, "copy_gbs": 5.0})
+    assert bandwidth.machine_bandwidth(1)["read_gbs"] == 7.0  # read back, not probed again
+    kept.unlink()
+    assert bandwidth.machine_bandwidth(1)["read_gbs"] == 99.0
 
 
 def test_decode_reports_its_share_of_the_roofline():

@@ -120,7 +120,17 @@ def test_noisy_clock_runs_until_the_median_is_precise():
     assert summarize(m.samples_ns[: schedule(20, n)[-2]])["latency_median_ci_rel"] > 0.02  # the check before: not yet
     # min_seconds holds it longer: 1 ms calls need at least 3000 of them for 3 s
     slow = measure(lambda: None, BenchOptions(min_iters=20, warmup_iters=1, min_seconds=3.0), timer=FakeClock(noisy))
-    assert sum(slow.samples_ns) >= 3e9 and len(slow.samples_ns) in schedule(20, len(slow.samples_ns))
+    assert sum(slow.samples_ns) >= 3e9
+
+
+def test_min_seconds_is_checked_where_the_calls_so_far_reach_it_not_up_to_10_percent_later_and_never_more():
+    # 1 ms calls, precise at once: 1000 calls make the second, and the 1000th stops it (not the 1029th)
+    m = measure(lambda: None, BenchOptions(min_iters=20, min_seconds=1.0, warmup_iters=1, warmup_max_seconds=60), timer=FakeClock([1_000_000] * 5000))
+    assert len(m.samples_ns) == 1000 and m.reached_target
+    # calls that slow down halfway: the check the first ones predicted finds the second short, and checks again
+    m = measure(lambda: None, BenchOptions(min_iters=20, min_seconds=1.0, warmup_iters=1, warmup_max_seconds=60), timer=FakeClock([1_000_000] * 3 + [500_000] * 500 + [1_000_000] * 5000))
+    reached = 500 + 750  # the call that makes the second
+    assert reached <= len(m.samples_ns) <= 1.1 * reached and m.reached_target
 
 
 def test_caps_are_flagged():

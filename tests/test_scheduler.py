@@ -14,6 +14,7 @@ import pytest
 
 from orchestrator.plan.config import ClusterCfg
 from orchestrator.plan.placement import bench_request
+from orchestrator.run import reaper
 from orchestrator.run.scheduler import Scheduler
 
 pytestmark = pytest.mark.slow
@@ -148,3 +149,17 @@ def test_only_a_complete_verified_entry_is_a_cache_hit(planned_variant, tmp_path
     (unsealed / MANIFEST).unlink()
     assert cached_export(spec, unsealed) is None
     assert cached_export(spec, tmp_path / "absent") is None
+
+
+def test_the_local_rays_autoscaler_monitor_is_found_by_the_name_its_shutdown_ends_it_by(scheduler):
+    """The one name of Ray's that the shutdown uses (reaper.AUTOSCALER_MONITOR): a renamed
+    monitor fails here, by name, rather than every sweep waiting on it again unnoticed."""
+    sched, _ = scheduler
+    session = sched.watchdog.session
+    (monitor,) = session.running(reaper.AUTOSCALER_MONITOR)
+    assert sched.watchdog.end_autoscaler() == [monitor]
+    deadline = time.monotonic() + 30
+    while reaper.start_time(monitor) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reaper.start_time(monitor) is None
+    assert session.live(), "the rest of the local Ray goes on"

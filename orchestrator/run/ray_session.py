@@ -170,6 +170,8 @@ def shutdown(watchdog: reaper.Watchdog | None) -> None:
     try:
         if ray is not None and ray.is_initialized():
             handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+            if watchdog is not None:  # a local Ray's: its monitor would cost the shutdown 1 s
+                watchdog.end_autoscaler()
             try:
                 ray.shutdown()
             finally:

@@ -27,6 +27,8 @@ GRACE_S = 5.0  # from SIGTERM to SIGKILL, and from SIGKILL to giving up
 POLL_S = 0.1
 RAY_TITLES = ("ray::", "ray-dashboard-")
 LOG_NAME = "phasesweep_reaper.log"  # under <session>/logs, written only when something was ended
+# Ray's autoscaler monitor, by its script (tests/test_scheduler.py finds it in a live local Ray)
+AUTOSCALER_MONITOR = re.compile(r"/ray/autoscaler/_private/monitor\.py$")
 
 
 def start_time(pid: int) -> int | None:
@@ -55,9 +57,8 @@ class Session:
         started = start_time(pid)
         if started is None or started < self.since or pid in self.spare:
             return False
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
+        args = _args(pid)
+        if not args:  # gone
             return False
         if any(self.named.search(a) for a in args):
             return True
@@ -78,6 +79,10 @@ class Session:
 
     def live(self) -> set[int]:
         return {int(entry) for entry in os.listdir("/proc") if entry.isdigit() and self.holds(int(entry))}
+
+    def running(self, script: re.Pattern[str]) -> list[int]:
+        """The live processes of the session whose command line runs a file `script` matches."""
+        return [pid for pid in sorted(self.live()) if any(script.search(a) for a in _args(pid))]
 
     def signal(self, pid: int, sig: int) -> bool:
         """Send `sig` to `pid` if it still is of the session (checked through a pidfd)."""
@@ -115,6 +120,13 @@ def reap(session: Session, grace_s: float = GRACE_S) -> list[str]:
     return done
 
 
+def _args(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
 def _name(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")[:80]
@@ -129,9 +141,17 @@ class Watchdog:
     """The driver's end of the pipe. Keep it referenced while Ray runs: closing the pipe (or
     its being garbage-collected) is what sets the watchdog off."""
 
-    def __init__(self, proc: subprocess.Popen, grace_s: float):
+    def __init__(self, proc: subprocess.Popen, grace_s: float, session: Session):
         self.proc = proc
         self.grace_s = grace_s
+        self.session = session
+
+    def end_autoscaler(self) -> list[int]:
+        """SIGKILL the local Ray's autoscaler monitor, before ray.shutdown(): Ray ends the GCS
+        first, and the monitor answers SIGTERM by reporting to the GCS, so Ray waits its 1 s
+        timeout on it at every shutdown. A local Ray of fixed size has no use for it. Returns
+        the pids ended (none when Ray names the monitor otherwise: the shutdown waits then)."""
+        return [pid for pid in self.session.running(AUTOSCALER_MONITOR) if self.session.signal(pid, signal.SIGKILL)]
 
     def close(self) -> None:
         """After ray.shutdown(): the watchdog ends any straggler, then exits; waited for while
@@ -157,7 +177,7 @@ def watch(session_dir: str, grace_s: float = GRACE_S) -> Watchdog:
         start_new_session=True,
         cwd="/",
     )
-    return Watchdog(proc, grace_s)
+    return Watchdog(proc, grace_s, Session(session_dir, since))
 
 
 def main(argv: list[str] | None = None) -> int:

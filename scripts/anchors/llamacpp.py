@@ -30,7 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scripts.anchors.onnxruntime import PARITY_STEPS, Contender, export_entry
-from tasks.export.gguf_source import cache_root, source_dir, version
+from tasks.export.gguf_source import source_dir, version
+from tasks.measure.environment import user_cache
 from tasks.specs import BenchOptions, BenchSpec, ModelSpec, PhaseSpec
 
 # what the script's cmake leaves out: only the library and llama-bench are built
@@ -59,7 +60,7 @@ SHARED = {"src/libllama.a": "llama", "ggml/src/libggml.a": "ggml", "ggml/src/lib
 
 def llama_bench() -> Path:
     """llama-bench of the installed llama-cpp-python's llama.cpp, built once (static, as cmake links it)."""
-    folder = cache_root() / f"llama-bench-{version()}"
+    folder = user_cache() / f"llama-bench-{version()}"
     binary = folder / "build" / "bin" / "llama-bench"
     if not binary.is_file():
         source = source_dir()

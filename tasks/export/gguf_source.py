@@ -16,13 +16,11 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from tasks.measure.environment import user_cache
+
 DISTRIBUTION = "llama-cpp-python"
 SOURCE_ENV = "PHASESWEEP_LLAMACPP_SOURCE"  # a llama.cpp folder (holding convert_hf_to_gguf.py) to use instead
 CONVERTER = "convert_hf_to_gguf.py"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "phasesweep"
 
 
 def version() -> str:
@@ -36,7 +34,7 @@ def source_dir() -> Path:
         if not (folder / CONVERTER).is_file():
             raise FileNotFoundError(f"{SOURCE_ENV}={chosen}: no {CONVERTER} there (a llama.cpp checkout's root)")
         return folder
-    root = cache_root() / f"{DISTRIBUTION}-{version()}"
+    root = user_cache() / f"{DISTRIBUTION}-{version()}"
     if not (root / "vendor" / "llama.cpp" / CONVERTER).is_file():
         fetch(root)
     return root / "vendor" / "llama.cpp"

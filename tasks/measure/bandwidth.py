@@ -5,7 +5,7 @@ process is pinned to, which they inherit) each read (a sum) and copy their own s
 arrays much larger than the last-level cache; the best of REPEATS passes, in GB/s. Copy
 counts the bytes read and written (STREAM's convention). numpy releases the GIL in both
 loops, so the threads run in parallel. Measured once per machine fingerprint and thread
-count, then read from a small JSON file in the export cache's folder (`cache_dir`).
+count, then read from a small JSON file in this user's cache (environment.user_cache()).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.measure.environment import cpu_model
+from tasks.measure.environment import cpu_model, user_cache
 
 MIN_BYTES = 64 << 20  # each array at least this large ...
 LLC_MULTIPLE = 4  # ... and at least 4x the last-level cache (STREAM's rule)
 REPEATS = 5  # passes of each kernel; the best one counts
-FOLDER = ".bandwidth"  # under the cache folder: one file per machine fingerprint and thread count
+FOLDER = "bandwidth"  # under the user's cache: one file per machine fingerprint and thread count
 
 
 def last_level_cache_bytes() -> int:
@@ -44,20 +44,22 @@ def probe(threads: int, repeats: int = REPEATS) -> dict[str, float]:
     """Read and copy bandwidth of `threads` threads, GB/s (best pass), and the bytes each pass moved."""
     total = max(MIN_BYTES, LLC_MULTIPLE * last_level_cache_bytes())
     n = total // 8 // threads * threads  # float64 elements, a whole share per thread
-    src, dst = np.ones(n), np.zeros(n)  # written once: every page is mapped before timing
+    src, dst = np.empty(n), np.empty(n)
     shares = [slice(i * n // threads, (i + 1) * n // threads) for i in range(threads)]
 
-    def timed(kernel) -> float:
-        with ThreadPoolExecutor(threads) as pool:
-            best = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                list(pool.map(kernel, shares))
-                best = min(best, time.perf_counter() - t0)
+    def timed(kernel, repeats: int) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            list(pool.map(kernel, shares))
+            best = min(best, time.perf_counter() - t0)
         return best
 
-    read = timed(lambda s: src[s].sum())
-    copy = timed(lambda s: np.copyto(dst[s], src[s]))
+    with ThreadPoolExecutor(threads) as pool:
+        # every page mapped before timing, each thread its own share (a first touch is slow, and slower alone)
+        timed(lambda s: (src[s].fill(1.0), dst[s].fill(0.0)), 1)
+        read = timed(lambda s: src[s].sum(), repeats)
+        copy = timed(lambda s: np.copyto(dst[s], src[s]), repeats)
     return {"read_gbs": n * 8 / read / 1e9, "copy_gbs": 2 * n * 8 / copy / 1e9, "probe_bytes": float(n * 8)}
 
 
@@ -71,11 +73,12 @@ def machine_key(threads: int) -> dict[str, str]:
     }
 
 
-def machine_bandwidth(cache_dir: str | Path, threads: int) -> dict[str, float]:
-    """probe(threads) for this machine, measured the first time and read from the cache after."""
+def machine_bandwidth(threads: int, cache_dir: str | Path | None = None) -> dict[str, float]:
+    """probe(threads) for this machine, measured the first time and read from the cache
+    (`cache_dir`, else the user's) after."""
     key = machine_key(threads)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    path = Path(cache_dir) / FOLDER / f"{digest}.json"
+    path = Path(cache_dir or user_cache()) / FOLDER / f"{digest}.json"
     try:
         return json.loads(path.read_text())["bandwidth"]
     except (OSError, ValueError, KeyError):

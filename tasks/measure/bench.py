@@ -4,6 +4,7 @@ call. The samples' statistics are tasks/measure/latency.py's."""
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -14,7 +15,7 @@ import numpy as np
 from tasks.measure.latency import median_ci_rel, ratio, summarize
 from tasks.specs import BenchOptions, BenchResult
 
-CHECK_GROWTH = 0.10  # the stopping rule is checked each time the sample count grew by 10%
+CHECK_GROWTH = 0.10  # past min_seconds, the stopping rule is checked each time the sample count grew by 10%
 # The machine's own speed, probed between timed calls: PROBE_CALLS runs of a fixed Python loop
 # every PROBE_EVERY_NS. A virtual core's speed can change for seconds with no counter showing
 # it; the probe's spread says so within a run, its median between runs (orchestrator/read/verdict_table.py).
@@ -92,7 +93,7 @@ def measure(
     at max_iters / max_seconds, whichever comes first (torch.utils.benchmark's
     adaptive_autorange). Time is the larger of the loop's wall time and the sum of the timed
     durations, so a scripted timer drives the rule exactly. The rule is checked every 10%
-    more samples, never inside a timed call. The garbage collector is frozen and disabled
+    more samples, or sooner where the calls so far say min_seconds is reached, never inside a timed call. The garbage collector is frozen and disabled
     while sampling (as pyperf does), so no collection lands in a sample. The machine's speed
     is probed before, every PROBE_EVERY_NS during and after sampling (`probe_ns`).
 
@@ -160,7 +161,9 @@ def _sample(timed: Callable[[Callable[[], object]], int], step: Callable[[], obj
                 rel = median_ci_rel(samples)
                 if rel is not None and rel <= opts.target_ci:
                     return samples, elapsed
-            check_at = n + max(1, int(n * CHECK_GROWTH))
+            grown = n + max(1, int(n * CHECK_GROWTH))
+            # short of min_seconds: no later than where the calls so far say it is reached
+            check_at = grown if elapsed >= min_ns else max(n + 1, min(grown, math.ceil(n * min_ns / max(elapsed, 1))))
 
 
 # -- metrics ------------------------------------------------------------------------------

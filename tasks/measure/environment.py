@@ -34,6 +34,11 @@ PEAK_BANDWIDTH_GBS = {
 }
 
 
+def user_cache() -> Path:
+    """This user's folder for what is measured or fetched once per machine ($XDG_CACHE_HOME/phasesweep)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "phasesweep"
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
