@@ -4,6 +4,7 @@ log axes with plain-number ticks, and the panels of one model x phase each."""
 from __future__ import annotations
 
 import math
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -22,6 +23,14 @@ def pyplot():
     import matplotlib.pyplot as plt  # lazy: matplotlib, only once a plot is drawn
 
     return plt
+
+
+def importing() -> threading.Thread:
+    """pyplot() in a thread of its own, started: a sweep imports matplotlib while its exports
+    run rather than after its last benchmark; join() it before anything is timed."""
+    thread = threading.Thread(target=pyplot, name="import-pyplot", daemon=True)
+    thread.start()
+    return thread
 
 
 def _base(r: dict[str, Any]) -> str:

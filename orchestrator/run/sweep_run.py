@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import socket
+import threading
 import time
 from datetime import datetime
 from functools import partial
@@ -18,6 +19,7 @@ from orchestrator.common.outcome import Outcome, Status
 from orchestrator.common.signals import deferred
 from orchestrator.plan.planner import Plan
 from orchestrator.plan.variant import Variant
+from orchestrator.read import draw
 from orchestrator.read.alert import alert_lines, hold, named_sweep
 from orchestrator.read.summary import parity_value, summary_rows
 from orchestrator.record.links import ui_command, ui_lines
@@ -48,6 +50,7 @@ class SweepRun:
         self.repeats: dict[str, list[BenchResult]] = {}  # variant -> results of its processes so far
         self.envs: dict[str, dict[str, str]] = {}  # variant -> its env.* tags: where it ran, library versions
         self.progress = Progress.of(plan)  # counts, ETA, and each ended variant's line
+        self.pyplot: threading.Thread | None = None  # the plots' import, beside the exports
         # who owns the open runs: a later sweep closes them if this driver dies
         self.driver = {"driver.host": socket.gethostname(), "driver.pid": str(os.getpid())}
 
@@ -147,6 +150,7 @@ class SweepRun:
             say(line)
         with self.progress.showing() as progress:
             self.start()
+            self.pyplot = draw.importing()
             for kind, key, result in sched.results():
                 if kind in ("export", "bench"):
                     progress.returned(kind, key)  # before `running`: it no longer lists the task
@@ -238,6 +242,9 @@ class SweepRun:
         say(f"  app loop  {key:<44} {said or 'failed: ' + self.loops[key].failure.error}")
 
     def on_export(self, key: str, result: ExportResult | Failure) -> None:
+        if self.pyplot is not None:  # no benchmark beside the driver's own import
+            self.pyplot.join()
+            self.pyplot = None
         model = self.log_model(key, result) if isinstance(result, ExportResult) and result.ok else {}
         for name in self.plan.exports[key].variants:
             o = self.outcomes[name]
