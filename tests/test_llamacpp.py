@@ -148,3 +148,25 @@ def test_a_cache_type_it_does_not_know_is_refused_before_any_work():
     configs, overrides = compose_jobs(["backend=llamacpp", "backend.options.cache_type=q8"])
     with pytest.raises(ConfigError, match=r"backend.options.cache_type='q8' is not allowed; choose one of: auto, f32, f16"):
         validate_all(configs, overrides)
+
+
+def test_repack_auto_is_llamacpps_default_but_off_on_a_build_that_runs_amx():
+    from types import SimpleNamespace
+
+    from tasks.runtimes.llamacpp import repack
+
+    def built(info: str) -> SimpleNamespace:
+        return SimpleNamespace(llama_print_system_info=lambda: info.encode())
+
+    plain = built("CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | REPACK = 1 |")
+    amx = built("CPU : SSE3 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | REPACK = 1 |")
+    assert repack(plain, "auto") and not repack(amx, "auto")
+    assert repack(amx, "true") and not repack(plain, "false")
+
+
+def test_a_repack_value_it_does_not_know_is_refused_before_any_work():
+    from orchestrator.plan.config import ConfigError, validate_all
+
+    configs, overrides = compose_jobs(["backend=llamacpp", "backend.options.repack=maybe"])
+    with pytest.raises(ConfigError, match=r"backend.options.repack='maybe' is not allowed; choose one of: auto, true, false"):
+        validate_all(configs, overrides)

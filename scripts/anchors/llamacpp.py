@@ -32,6 +32,7 @@ from pathlib import Path
 from scripts.anchors.onnxruntime import PARITY_STEPS, Contender, export_entry
 from tasks.export.gguf_source import source_dir, version
 from tasks.measure.environment import user_cache
+from tasks.runtimes.llamacpp import repack
 from tasks.specs import BenchOptions, BenchSpec, ModelSpec, PhaseSpec
 
 # what the script's cmake leaves out: only the library and llama-bench are built
@@ -44,6 +45,13 @@ CMAKE_OPTIONS = ["-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_
 # n_ubatch 512 is both's default
 SETTINGS = ["-fa", "off", "-ctk", "f16", "-ctv", "f16"]
 CACHE = {"cache_type": "f16"}
+
+
+def repack_flag() -> list[str]:
+    """llama-bench's --repack as the phasesweep session decides it (backend.options.repack=auto)."""
+    import llama_cpp  # lazy: llama.cpp's library, only when llama-bench is timed
+
+    return ["--repack", "1" if repack(llama_cpp, "auto") else "0"]
 
 
 class ProcessTimed:
@@ -170,7 +178,7 @@ class BenchContender(Contender):
         model = str(Path(out) / meta["artifact"])
 
         def block(n: int) -> list[float]:
-            cmd = [str(self.binary), "-m", model, "-t", str(self.threads), *SETTINGS, *flags, "-r", str(n), "-o", "json"]
+            cmd = [str(self.binary), "-m", model, "-t", str(self.threads), *SETTINGS, *repack_flag(), *flags, "-r", str(n), "-o", "json"]
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             (test,) = json.loads(done.stdout)
             return [ns / 1e6 for ns in test["samples_ns"]]

@@ -38,14 +38,30 @@ from tasks.specs import BenchSpec, choice
 
 UBATCH = 512  # llama-bench's default n_ubatch
 CACHE_TYPES = ("auto", "f32", "f16")  # auto: f32 for a float32 model, else llama.cpp's default f16
+REPACK = ("auto", "true", "false")
+AMX = "AMX_INT8 = 1"  # in llama.cpp's system info where its build runs its AMX kernels
 
 
 @dataclass(frozen=True)
 class Options:
     cache_type: str = "auto"  # the KV cache's type (llama-bench takes f16, not f32: compare with f16)
+    # llama.cpp's extra weight buffers (llama-bench's --repack): its CPU repacking, and its AMX
+    # buffer where the build has AMX. auto: llama.cpp's default (on), but off on an AMX build
+    repack: str = "auto"
 
     def __post_init__(self) -> None:
         choice("backend.options.cache_type", self.cache_type, CACHE_TYPES)
+        choice("backend.options.repack", self.repack, REPACK)
+
+
+def repack(lc: Any, option: str) -> bool:
+    """Whether llama.cpp loads quantised weights into its extra buffers (use_extra_bufts). auto is
+    on, as llama.cpp's own default, except where its build runs AMX (its system info says
+    AMX_INT8 = 1): there its AMX matmul kills the process at the first quantised call (a llama.cpp
+    bug, reproduced with llama-cpp-python 0.3.36 on tiny and smollm2-135m models alike)."""
+    if option != "auto":
+        return option == "true"
+    return AMX not in lc.llama_print_system_info().decode(errors="replace")
 
 WARN = 3  # GGML_LOG_LEVEL_WARN: llama.cpp's notes below it (every load prints dozens) are dropped
 
@@ -75,7 +91,10 @@ class LlamaCppSession(Session):
         if spec.device != "cpu":
             raise RuntimeError(f"device={spec.device}: the llamacpp backend runs on cpu only")
         lc.llama_backend_init()
-        self.model = lc.llama_model_load_from_file(str(path).encode(), lc.llama_model_default_params())
+        opts = Options(**spec.runtime_options)
+        loading = lc.llama_model_default_params()
+        loading.use_extra_bufts = repack(lc, opts.repack)
+        self.model = lc.llama_model_load_from_file(str(path).encode(), loading)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {path}")
         threads = spec.bench.threads or len(os.sched_getaffinity(0))
@@ -86,7 +105,7 @@ class LlamaCppSession(Session):
         params.n_threads = params.n_threads_batch = threads
         if spec.model.dtype == "float32":  # its CPU flash-attention kernel rounds the queries to F16
             params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        cache = Options(**spec.runtime_options).cache_type
+        cache = opts.cache_type
         if cache == "f32" or (cache == "auto" and spec.model.dtype == "float32"):  # llama.cpp's F16 cache rounds every key
             params.type_k = params.type_v = lc.GGML_TYPE_F32
         params.no_perf = True
@@ -107,6 +126,7 @@ class LlamaCppSession(Session):
             "llamacpp_flash_attn": lc.llama_flash_attn_type_name(params.flash_attn_type).decode(),
             "llamacpp_cache_type": "f32" if params.type_k == lc.GGML_TYPE_F32 else "f16",
             "llamacpp_version": metadata.version("llama-cpp-python"),
+            "llamacpp_repack": str(bool(loading.use_extra_bufts)).lower(),
         }
 
     def _batch(self, size: int) -> Any:
