@@ -128,10 +128,7 @@ def _args(pid: int) -> list[str]:
 
 
 def _name(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")[:80]
-    except OSError:
-        return "?"
+    return (_args(pid) or ["?"])[0][:80]
 
 
 # -- the driver's side ----------------------------------------------------------------

@@ -171,6 +171,7 @@ class BenchContender(Contender):
 
     def __init__(self, ours: SweepContender, threads: int, binary: Path):
         self.ours, self.threads, self.binary = ours, threads, binary
+        self.repack = repack_flag()  # as the phasesweep session loads the same file
 
     def _timed(self, phase: PhaseSpec, flags: list[str]) -> ProcessTimed:
         out, _ = self.ours.export(phase)
@@ -178,7 +179,7 @@ class BenchContender(Contender):
         model = str(Path(out) / meta["artifact"])
 
         def block(n: int) -> list[float]:
-            cmd = [str(self.binary), "-m", model, "-t", str(self.threads), *SETTINGS, *repack_flag(), *flags, "-r", str(n), "-o", "json"]
+            cmd = [str(self.binary), "-m", model, "-t", str(self.threads), *SETTINGS, *self.repack, *flags, "-r", str(n), "-o", "json"]
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             (test,) = json.loads(done.stdout)
             return [ns / 1e6 for ns in test["samples_ns"]]

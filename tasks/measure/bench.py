@@ -93,9 +93,10 @@ def measure(
     at max_iters / max_seconds, whichever comes first (torch.utils.benchmark's
     adaptive_autorange). Time is the larger of the loop's wall time and the sum of the timed
     durations, so a scripted timer drives the rule exactly. The rule is checked every 10%
-    more samples, or sooner where the calls so far say min_seconds is reached, never inside a timed call. The garbage collector is frozen and disabled
-    while sampling (as pyperf does), so no collection lands in a sample. The machine's speed
-    is probed before, every PROBE_EVERY_NS during and after sampling (`probe_ns`).
+    more samples, or sooner where the calls so far say min_seconds is reached, never inside a
+    timed call. The garbage collector is frozen and disabled while sampling (as pyperf does),
+    so no collection lands in a sample. The machine's speed is probed before, every
+    PROBE_EVERY_NS during and after sampling (`probe_ns`).
 
     `timer(step) -> ns` defaults to the host clock; GPU sessions pass one built on CUDA
     events, which times the device work itself and synchronises on the end event."""
