@@ -124,6 +124,28 @@ def capacity(cpus: int = 2, gpus: int = 0, memory_gib: int = 8):
     return Capacity(cpus=cpus, total_cpus=cpus, bench_slots=1, gpus=gpus, memory=memory_gib * 2**30)
 
 
+class CaptureRunner:
+    """A cluster that answers every capture (orchestrator.plan.capture.Runner, the planner's
+    `runner`) with CaptureResult(key, True, **result); `specs`: what it was asked to capture."""
+
+    def __init__(self, **result):
+        self.result = result
+        self.specs: dict[str, object] = {}
+        self.queue: list[str] = []
+
+    def submit(self, kind, key, spec, request):
+        assert kind == "capture"
+        self.specs[key] = spec
+        self.queue.append(key)
+
+    def results(self):
+        from tasks.specs import CaptureResult
+
+        while self.queue:
+            key = self.queue.pop(0)
+            yield "capture", key, CaptureResult(key, True, **self.result)
+
+
 @lru_cache(maxsize=256)
 def _composed(overrides: tuple[str, ...]):
     from hydra import compose, initialize_config_dir

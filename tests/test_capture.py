@@ -275,13 +275,15 @@ def test_a_dry_run_says_what_captured_stands_for(caplog, tmp_path):
 def test_one_capture_serves_every_quantisation_of_the_same_weights(tmp_path):
     """The application runs the float reference: model.quant and quant_group change how the
     runtimes build it, not what the application calls, so one capture serves them all."""
-    from orchestrator.plan.capture import Captures
     from orchestrator.plan.config import validate_all
-    from orchestrator.plan.placement import Capacity, GiB
+    from orchestrator.plan.planner import make_plan
+    from tests.conftest import CaptureRunner, capacity
 
     store = f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"
     jobs = [[*CAPTURED, f"model.quant={q}", f"model.quant_group={g}", store] for q, g in [("none", 32), ("int8", 32), ("int4", 64)]]
-    points = validate_all(*compose_jobs(*jobs, shrink=False))
+    configs, overrides = compose_jobs(*jobs, shrink=False)
+    points = validate_all(configs, overrides)
     assert [(p.model.quant, p.model.quant_group) for p in points] == [("none", 32), ("int8", 32), ("int4", 64)]
-    caps = Captures.of(points, Capacity(cpus=2, total_cpus=2, bench_slots=1, gpus=0, memory=8 * GiB))
-    assert len(caps.specs) == 1 and list(caps.labels.values()) == ["llama"]
+    runner = CaptureRunner(kept=[])
+    plan = make_plan(points, configs, overrides, capacity(), runner=runner)
+    assert len(runner.specs) == 1 and list(plan.captures.labels.values()) == ["llama"]

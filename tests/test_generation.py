@@ -174,23 +174,21 @@ def test_the_runtimes_calls_are_predicted_in_the_applications_rhythm_at_its_own_
 def captured_plan(kept_contexts: tuple[int, ...]):
     """A captured plan of the bundled application (its capture's result given; the capture
     itself: test_capture.py): its prompt and decode calls at these contexts kept."""
-    from orchestrator.plan.capture import Captures
     from orchestrator.plan.config import validate_all
     from orchestrator.plan.planner import make_plan
-    from tasks.specs import CaptureResult, PhaseSpec
-    from tests.conftest import capacity, compose_jobs
+    from tasks.specs import PhaseSpec
+    from tests.conftest import CaptureRunner, capacity, compose_jobs
 
     app = "examples.generate_app:run"
     configs, overrides = compose_jobs(["phase=captured", f"phase.app={app}"], shrink=False)
     points = validate_all(configs, overrides)
-    captures = Captures.of(points, capacity())
-    (key,) = captures.specs
     kept = [PhaseSpec("captured", 1, prompt_len=128, parity_steps=1, app=app, kind="prefill", call=0, inputs="p.npz")]
     kept += [PhaseSpec("captured", 1, context_len=c, app=app, kind="decode", call=c - 127, inputs=f"d{c}.npz") for c in kept_contexts]
-    timings = {"app_ttft_ms": 5.0, "app_inter_token_ms_mean": 2.0, "app_prefill_forward_ms_median": 4.0, "app_decode_forward_ms_mean": 1.5, "app_calls": 300.0}
-    captures.results[key] = CaptureResult(key, True, total_calls=300, kept=kept, timings=timings)
-    captures.expand(points)
-    return make_plan(points, configs, overrides, capacity(), captures=captures), captures.specs[key]
+    timings = {"app_runs": 3.0, "app_outside_forward_share": 0.2, "app_ttft_ms": 5.0, "app_inter_token_ms_mean": 2.0, "app_prefill_forward_ms_median": 4.0, "app_decode_forward_ms_mean": 1.5, "app_calls": 300.0}
+    runner = CaptureRunner(total_calls=300, kept=kept, timings=timings)
+    plan = make_plan(points, configs, overrides, capacity(), runner=runner)
+    (spec,) = runner.specs.values()
+    return plan, spec
 
 
 def test_a_captured_sweep_prints_and_logs_its_generation_beside_the_applications_loop(tmp_path):

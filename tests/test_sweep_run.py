@@ -685,27 +685,25 @@ def test_a_captured_job_stands_for_its_kept_calls_and_its_failure_tells(tmp_path
     """A phase=captured job planned from a capture's result (the capture itself: test_capture.py):
     one variant per kept call, the application's figures on the sweep's run, its variants
     beside the application's loop at the end, and a failure of any of them is the job's."""
-    from orchestrator.plan.capture import Captures
     from orchestrator.plan.config import validate_all
     from orchestrator.plan.planner import make_plan
-    from tasks.specs import CaptureResult, PhaseSpec
+    from tasks.specs import PhaseSpec
+    from tests.conftest import CaptureRunner
 
     app = "examples.generate_app:run"
     configs, overrides = compose_jobs(["phase=captured", f"phase.app={app}"], shrink=False)
     points = validate_all(configs, overrides)
-    captures = Captures.of(points, capacity())
-    (key,) = captures.specs
     kept = [
         PhaseSpec("captured", 1, prompt_len=128, parity_steps=1, app=app, kind="prefill", call=0, inputs="p.npz"),
         PhaseSpec("captured", 1, context_len=128, app=app, kind="decode", call=1, inputs="d1.npz"),
         PhaseSpec("captured", 1, context_len=426, app=app, kind="decode", call=299, inputs="d2.npz"),
     ]
-    captures.results[key] = CaptureResult(
-        key, True, total_calls=300, kept=kept, timings={"app_ttft_ms": 5.0, "app_inter_token_ms_median": 2.0},
+    runner = CaptureRunner(
+        total_calls=300, kept=kept, timings={"app_runs": 3.0, "app_ttft_ms": 5.0, "app_inter_token_ms_median": 2.0, "app_inter_token_ms_p90": 2.5, "app_outside_forward_share": 0.2},
         inter_token_ns=[2_000_000] * 3, at_calls={0: {"app_forward_ms": 3.0}, 1: {"app_forward_ms": 1.5, "app_inter_token_ms": 2.0}},
     )
-    captures.expand(points)
-    plan = make_plan(points, configs, overrides, capacity(), captures=captures)
+    plan = make_plan(points, configs, overrides, capacity(), runner=runner)
+    assert len(runner.specs) == 1  # one application, captured once before its variants were made
     names = [pv.name for pv in plan.variants]
     assert names == ["llama_prefill_onnxruntime_cpu", "llama_decode_onnxruntime_cpu_ctx128", "llama_decode_onnxruntime_cpu_ctx426"]
     assert [pv.jobs for pv in plan.variants] == [(0,), (0,), (0,)] and len(plan.exports) == 3

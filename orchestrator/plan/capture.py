@@ -1,28 +1,36 @@
-"""phase=captured in the driver: run each distinct capture (on a worker, a CPU bench node whole)
-before the plan is made, hand the planner the phases each kept, and record the application's
-own figures on the sweep's run. One capture serves every point of the same model weights,
-application and capture options; one that fails ends the sweep before any export."""
+"""phase=captured, a stage of the planner (orchestrator/plan/planner.py): each distinct capture
+runs on the cluster (on a worker, a CPU bench node whole) before the captured points' variants
+are made, and each point then stands for the calls its capture kept (orchestrator/plan/shapes.py).
+The application's own figures go on the sweep's run. One capture serves every point of the same
+model weights, application and capture options; one that fails ends the sweep before any export."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from orchestrator.common.console import say
 from orchestrator.plan.config import SweepPoint
 from orchestrator.plan.placement import Capacity, Request, bench_request, bench_threads
 from orchestrator.plan.variant import Variant
-from tasks.model.families import model_dims
-from tasks.phases import phase_module
 from tasks.phases.captured import describe, summary
 from tasks.specs import CaptureOptions, CaptureResult, CaptureSpec, ConfigError, PhaseSpec
 
 STORE = "captured_inputs"  # the export cache's folder of recorded inputs, one .npz per content digest
 MEMORY_FACTOR = 3.0  # the model, the application's own tensors, the caches the capture copies
+
+
+class Runner(Protocol):
+    """Where the captures run: the sweep's cluster (orchestrator.run.scheduler.Scheduler)."""
+
+    def submit(self, kind: str, key: str, spec: Any, request: Request) -> None: ...
+
+    def results(self) -> Iterator[tuple[str, str, Any]]: ...
 
 
 def wants_capture(phase: PhaseSpec) -> bool:
@@ -46,21 +54,18 @@ class Captures:
     of_point: dict[tuple[int, int], str] = field(default_factory=dict)  # (id(model cfg), id(phase)) -> key
     requests: dict[str, Request] = field(default_factory=dict)
     results: dict[str, CaptureResult] = field(default_factory=dict)
-    kept: dict[tuple[str, str], tuple[PhaseSpec, ...]] = field(default_factory=dict)  # (key, kv_cache) -> phases
-    # expand(): each point's kept phases, in job order; None for a point that captures nothing
-    per_point: list[tuple[PhaseSpec, ...] | None] = field(default_factory=list)
-    gaps: dict[PhaseSpec, float | None] = field(default_factory=dict)  # expand(): each kept phase's gap_ms
+    gaps: dict[str, float | None] = field(default_factory=dict)  # run(): each kept call's gap_ms, by its inputs' file
 
     @classmethod
-    def of(cls, points: list[SweepPoint], capacity: Capacity) -> Captures:
-        """One capture per distinct model weights x application x capture options."""
+    def of(cls, points: Sequence[SweepPoint], variants: Sequence[Variant], capacity: Capacity) -> Captures:
+        """One capture per distinct model weights x application x capture options; `variants`:
+        each point's, as the planner made them."""
         out = cls()
         apps = {p.phase.app for p in points if wants_capture(p.phase)}
-        for point in points:
+        for point, v in zip(points, variants, strict=True):
             pair = (id(point.model), id(point.phase))
             if not wants_capture(point.phase) or pair in out.of_point:
                 continue
-            v = Variant.from_point(point)
             key = _key(v.model, point.phase)
             out.of_point[pair] = key
             if key in out.specs:
@@ -87,13 +92,13 @@ class Captures:
     def __bool__(self) -> bool:
         return bool(self.specs)
 
-    def run(self, sched: Any) -> None:
+    def run(self, runner: Runner) -> None:
         """Every capture, on the cluster; raises ConfigError naming each one that failed."""
         for key, spec in self.specs.items():
             say(f"  capturing {spec.app} on {self.labels[key]} ...")
-            sched.submit("capture", key, spec, self.requests[key])
+            runner.submit("capture", key, spec, self.requests[key])
         failures = []
-        for kind, key, result in sched.results():
+        for kind, key, result in runner.results():
             if kind == "retry":
                 say(f"  retry     capture of {self.labels[key.partition(':')[2]]}: {result}")
             elif kind == "capture":
@@ -106,6 +111,7 @@ class Captures:
                     failures.append(error if error.startswith("phase.app=") else f"phase.app={app!r} on {self.labels[key]}: {error}")
         if failures:
             raise ConfigError("the capture failed, nothing was exported or recorded:\n  " + "\n  ".join(failures))
+        self.gaps = {p.inputs: self.gap_ms(p) for r in self.results.values() for p in r.kept if p.inputs is not None}
 
     def say(self, key: str) -> None:
         r = self.results[key]
@@ -124,26 +130,11 @@ class Captures:
                 f"{itl}, {t['app_outside_forward_share']:.0%} of its loop outside the model's forward"
             )
 
-    def expand(self, points: list[SweepPoint]) -> None:
-        """The kept phases of each captured point, normalised for its cache layout and checked
-        against its model's dimensions (a ConfigError now, before any run exists); the planner
-        reads them, point by point, as `per_point`, and each one's application gap in `gaps`."""
-        self.per_point = [self._kept(point) if wants_capture(point.phase) else None for point in points]
-
-    def _kept(self, point: SweepPoint) -> tuple[PhaseSpec, ...]:
-        key = self.of_point[(id(point.model), id(point.phase))]
-        slot = (key, point.model.kv_cache)
-        if slot not in self.kept:
-            module = phase_module(point.phase.name)
-            dims = model_dims(point.model.family, point.arch)
-            phases = []
-            for p in self.results[key].kept:
-                p = module.normalize(p, point.model.kv_cache)
-                module.check(p, dims)
-                phases.append(p)
-                self.gaps[p] = self.gap_ms(p)
-            self.kept[slot] = tuple(phases)
-        return self.kept[slot]
+    def kept(self, point: SweepPoint) -> tuple[PhaseSpec, ...] | None:
+        """The calls the capture of a captured point kept, as the application made them (the
+        planner normalises them for the point's cache); None for a point that captures nothing."""
+        key = self.of_point.get((id(point.model), id(point.phase)))
+        return None if key is None else tuple(self.results[key].kept)
 
     def gap_ms(self, phase: PhaseSpec) -> float | None:
         """A kept call's application's own time between two forwards there, outside them (ms,

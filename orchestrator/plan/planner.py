@@ -2,7 +2,8 @@
 export jobs. The plan is final when made: nothing mutates it afterwards.
 
 make_plan runs the stages in order, each over the whole grid and each in its own module: the
-points' variants (here), the grid's rules and what each backend can run (grid.sift), names
+points' variants (here), the captured applications, run on the cluster (capture), what each
+point measures (shapes), the grid's rules and what each backend can run (grid.sift), names
 (naming), benchmarks and exports on the cluster (work), A/B pairs (pairs). No stage calls
 another, or back into this module."""
 
@@ -15,13 +16,13 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from orchestrator.plan.capture import Captures
+from orchestrator.plan.capture import Captures, Runner
 from orchestrator.plan.config import SweepPoint
-from orchestrator.plan.depths import per_depth
 from orchestrator.plan.grid import Excluded, GridRules, Row, sift
 from orchestrator.plan.naming import name_variants
 from orchestrator.plan.pairs import pair_variants
 from orchestrator.plan.placement import Capacity, bench_threads
+from orchestrator.plan.shapes import shapes
 from orchestrator.plan.support import Support
 from orchestrator.plan.variant import Memo, Variant
 from orchestrator.plan.work import ExportJob, PlannedVariant, planned_work
@@ -75,23 +76,25 @@ class Plan:
 
 
 def _rows(
-    points: list[SweepPoint], overrides: list[list[str]], capacity: Capacity, captures: Captures | None, memo: Memo
-) -> list[Row]:
-    """Each point's variants (a captured application's kept shapes, or one per depth where the
-    backend fixes it), with bench.threads resolved against the cluster, params and keys seeded."""
+    points: list[SweepPoint], overrides: list[list[str]], capacity: Capacity, runner: Runner | None, memo: Memo
+) -> tuple[list[Row], Captures | None]:
+    """Each point's variants (a captured application's kept calls, once `runner` has run its
+    capture; or one per depth where the backend fixes it), with bench.threads resolved against
+    the cluster, params and keys seeded; and the captures run, if any."""
+    bases = [Variant.from_point(point, tuple(overrides[idx]), memo) for idx, point in enumerate(points)]
+    captures = Captures.of(points, bases, capacity) if runner is not None else None
+    if captures:  # phase=captured: each application first, on the cluster
+        captures.run(runner)
     rows = []
     threads: dict[tuple[Any, str], Any] = {}  # (bench options, device) -> them, threads resolved
-    for idx, point in enumerate(points):
-        base = Variant.from_point(point, tuple(overrides[idx]), memo)
-        kept = captures.per_point[idx] if captures else None
-        variants = per_depth(point, base) if kept is None else [replace(base, phase=phase) for phase in kept]
-        for v in variants:
+    for idx, (point, base) in enumerate(zip(points, bases, strict=True)):
+        for v in shapes(point, base, captures.kept(point) if captures else None):
             key = (v.bench, v.device.name)
             if key not in threads:  # bench.threads null: every core of a bench node
                 threads[key] = replace(v.bench, threads=bench_threads(capacity, v.device.name, v.bench.threads))
             resolved = memo.seed(replace(v, bench=threads[key]))
             rows.append(Row(idx, point, v, resolved, memo.identity(resolved)))
-    return rows
+    return rows, captures or None
 
 
 def make_plan(
@@ -100,18 +103,20 @@ def make_plan(
     overrides: list[list[str]],
     capacity: Capacity,
     rules: GridRules | None = None,
-    captures: Captures | None = None,
     store: Any = None,
+    runner: Runner | None = None,
 ) -> Plan:
     """The whole grid, resolved against the cluster's capacity: named variants with their
     benchmark specs and resources, skipped combinations with reasons, deduplicated export
     jobs, and the points the grid's rules excluded. Raises ConfigError for a request no
     node can meet, before any run exists. Linear in the grid: what many points share (a
-    model's spec, a phase, a bench setting, an export key, a backend's answer) is made once."""
+    model's spec, a phase, a bench setting, an export key, a backend's answer) is made once.
+    `runner`: where a captured application runs first (phase=captured); without one (a dry
+    run) nothing is captured, and a captured point stays one variant of the application."""
     rules = rules or GridRules()
-    rows = _rows(points, overrides, capacity, captures, Variant.memo())
+    rows, captures = _rows(points, overrides, capacity, runner, Variant.memo())
     grid = sift(rows, rules, Support())
-    to_run = [(v, jobs, captures.gaps.get(v.phase) if captures else None) for v, jobs in grid.kept]
+    to_run = [(v, jobs, captures.gaps.get(v.phase.inputs) if captures else None) for v, jobs in grid.kept]
     # skipped points are named with the others: a float32 variant and its skipped bfloat16
     # twin must not share a name (both are recorded)
     names = name_variants([v for v, _, _ in to_run] + [row.resolved for row, _ in grid.skipped], overrides)

@@ -11,7 +11,6 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from orchestrator.plan.capture import Captures
 from orchestrator.plan.checks import check_writable
 from orchestrator.plan.config import SweepPoint, validate_all
 from orchestrator.plan.grid import GridRules, grid_rules
@@ -80,14 +79,10 @@ def run_sweep(
 def plan_on(sched: Scheduler, points: list[SweepPoint], configs: Sequence[DictConfig], overrides: list[list[str]],
             rules: GridRules, store: Store | None) -> Plan:  # fmt: skip
     """The plan on the cluster's capacity (a cluster to join is started first, to read it),
-    after any captured application has run (a dry run, with no `store`, runs none)."""
+    any captured application run on it first (a dry run, with no `store`, runs none)."""
     if sched.capacity is None:  # a cluster to join (or a Ray this process runs): its capacity is read from it
         sched.start()
-    captures = Captures.of(points, sched.capacity) if store is not None else None  # phase=captured: each application first
-    if captures:
-        captures.run(sched)
-        captures.expand(points)
-    return make_plan(points, configs, overrides, sched.capacity, rules, captures or None, store)
+    return make_plan(points, configs, overrides, sched.capacity, rules, store, runner=None if store is None else sched)
 
 
 def reusable(plan: Plan, tracker: Tracker, sched: Scheduler) -> dict[str, Any] | None:
