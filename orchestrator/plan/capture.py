@@ -58,20 +58,26 @@ class Captures:
 
     @classmethod
     def of(cls, points: Sequence[SweepPoint], variants: Sequence[Variant], capacity: Capacity) -> Captures:
-        """One capture per distinct model weights x application x capture options; `variants`:
-        each point's, as the planner made them."""
+        """One capture per distinct model weights x application x capture options, each on a
+        CPU bench node whole; `variants`: each point's, as the planner made them."""
         out = cls()
         apps = {p.phase.app for p in points if wants_capture(p.phase)}
+        first: dict[str, tuple[SweepPoint, Variant]] = {}  # capture key -> the first point asking for it
         for point, v in zip(points, variants, strict=True):
             pair = (id(point.model), id(point.phase))
             if not wants_capture(point.phase) or pair in out.of_point:
                 continue
-            key = _key(v.model, point.phase)
-            out.of_point[pair] = key
-            if key in out.specs:
+            out.of_point[pair] = key = _key(v.model, point.phase)
+            if key in first:
                 continue
+            first[key] = (point, v)
+            label = v.model.name if len(apps) == 1 else f"{v.model.name}_{point.phase.app.rpartition(':')[2]}"
+            if label in out.labels.values():  # the same model and application, other options
+                label = f"{label}_{key[:6]}"
+            out.labels[key] = label
+        threads = bench_threads(capacity, "cpu", None)
+        for key, (point, v) in first.items():
             cluster = point.cluster
-            threads = bench_threads(capacity, "cpu", None)
             out.specs[key] = CaptureSpec(
                 key=key,
                 model=v.model,
@@ -82,10 +88,6 @@ class Captures:
                 app_path=os.getcwd(),
                 threads=threads,
             )
-            label = v.model.name if len(apps) == 1 else f"{v.model.name}_{point.phase.app.rpartition(':')[2]}"
-            if label in out.labels.values():  # the same model and application, other options
-                label = f"{label}_{key[:6]}"
-            out.labels[key] = label
             out.requests[key] = bench_request(capacity, "cpu", threads, {}, v.weight_bytes, MEMORY_FACTOR, cluster.max_retries)
         return out
 

@@ -104,7 +104,8 @@ class ClusterCfg:
 @dataclass
 class SweepPoint:
     """One composed config, validated: what a single grid point asks for. Its phase is
-    normalised by the phase's module; `arch` is the model's transformers config."""
+    normalised by the phase's module; `arch` is the model's transformers config, `dims` and
+    `parameters` what the plan reads of it, made once per distinct model group."""
 
     model: ModelCfg
     phase: PhaseSpec
@@ -115,7 +116,8 @@ class SweepPoint:
     cluster: ClusterCfg
     env: EnvCfg = field(default_factory=EnvCfg)
     arch: dict[str, Any] = field(default_factory=dict)
-    parameters: int | None = None  # a checkpoint's, counted from its tensors; None: estimated from arch
+    dims: dict[str, int] = field(default_factory=dict)  # the model's dimensions (tasks.model.families.model_dims)
+    parameters: int = 0  # a checkpoint's, counted from its tensors; else estimated from arch
 
 
 _SCHEMAS = {
@@ -243,7 +245,7 @@ class _Validator:
         if isinstance(self.phases[pair], ConfigError):
             raise self.phases[pair]
         point.phase = self.phases[pair]
-        point.arch, _, point.parameters = self.models[keys["model"]]
+        point.arch, point.dims, point.parameters = self.models[keys["model"]]
         return point
 
     def _phase(self, point: SweepPoint, key: Hashable) -> PhaseSpec:

@@ -9,7 +9,7 @@ from typing import Any
 
 from orchestrator.plan.checks import safe_name
 from tasks.model.checkpoint import read_checkpoint
-from tasks.model.families import FAMILIES, check_attention, graph_scalings, model_dims
+from tasks.model.families import FAMILIES, check_attention, estimated_parameters, graph_scalings, model_dims
 from tasks.model.hub import hub_checkpoint, is_hub_id
 from tasks.specs import (
     ATTENTIONS,
@@ -82,13 +82,14 @@ class ModelCfg:
         return ckpt.config, sum(math.prod(shape) for shape in ckpt.shapes.values())
 
 
-Model = tuple[dict[str, Any], dict[str, int], int | None]  # arch, dims, a checkpoint's parameters
+Model = tuple[dict[str, Any], dict[str, int], int]  # arch, dims, parameters (a checkpoint's exact, else estimated)
 
 
 def architecture(model: ModelCfg, chosen: str | None, named: bool) -> Model:
     arch, parameters = model.architecture(chosen, named)
     try:
         dims = model_dims(model.family, arch)
+        parameters = parameters or estimated_parameters(model.family, arch)
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"model.checkpoint={model.checkpoint!r}: config.json lacks {e}") from None
     if model.attention == "auto":  # soft-capped scores need math; else the kv_cache's own attention

@@ -83,16 +83,16 @@ def _rows(
     the cluster, params and keys seeded; and the captures run, if any."""
     bases = [Variant.from_point(point, tuple(overrides[idx]), memo) for idx, point in enumerate(points)]
     captures = Captures.of(points, bases, capacity) if runner is not None else None
+    benches: dict[tuple[Any, str], Any] = {}  # (bench options, device) -> them, threads resolved
+    for b in bases:  # bench.threads null: every core of a bench node
+        if (b.bench, b.device.name) not in benches:
+            benches[b.bench, b.device.name] = replace(b.bench, threads=bench_threads(capacity, b.device.name, b.bench.threads))
     if captures:  # phase=captured: each application first, on the cluster
         captures.run(runner)
     rows = []
-    threads: dict[tuple[Any, str], Any] = {}  # (bench options, device) -> them, threads resolved
     for idx, (point, base) in enumerate(zip(points, bases, strict=True)):
         for v in shapes(point, base, captures.kept(point) if captures else None):
-            key = (v.bench, v.device.name)
-            if key not in threads:  # bench.threads null: every core of a bench node
-                threads[key] = replace(v.bench, threads=bench_threads(capacity, v.device.name, v.bench.threads))
-            resolved = memo.seed(replace(v, bench=threads[key]))
+            resolved = memo.seed(replace(v, bench=benches[(v.bench, v.device.name)]))
             rows.append(Row(idx, point, v, resolved, memo.identity(resolved)))
     return rows, captures or None
 

@@ -12,7 +12,6 @@ from dataclasses import replace
 from orchestrator.plan.config import SweepPoint
 from orchestrator.plan.variant import Variant
 from tasks.contract import Point
-from tasks.model.families import model_dims
 from tasks.phases import phase_module
 from tasks.specs import PhaseSpec
 
@@ -34,10 +33,9 @@ def shapes(point: SweepPoint, v: Variant, kept: tuple[PhaseSpec, ...] | None) ->
     if kept is None:
         at = [replace(v.phase, context_len=d, depths=None, cache_len=None) for d in v.phase.depths or ()]
         return [replace(v, phase=module.normalize(phase, v.model.kv_cache)) for phase in at]
-    dims = model_dims(point.model.family, point.arch)
     variants = []
     for phase in kept:
         phase = module.normalize(phase, v.model.kv_cache)
-        module.check(phase, dims)
+        module.check(phase, point.dims)
         variants.append(replace(v, phase=phase))
     return variants

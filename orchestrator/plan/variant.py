@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.plan.config import BackendCfg, DeviceCfg, SweepPoint
-from tasks.model.families import estimated_parameters
 from tasks.phases import label
 from tasks.specs import DTYPE_BYTES, GROUPED_QUANTS, BenchOptions, EnvSpec, ModelSpec, PhaseSpec, QualitySpec
 
@@ -270,7 +269,7 @@ class Variant:
             # a group size only int4/8da4w use: the others keep the default, so it never tells two of them apart
             quant_group=m.quant_group if m.quant in GROUPED_QUANTS else ModelSpec.quant_group,
         )
-        weight_bytes = (point.parameters or estimated_parameters(m.family, point.arch)) * DTYPE_BYTES[m.dtype]
+        weight_bytes = point.parameters * DTYPE_BYTES[m.dtype]
         if memo is not None:
             memo.models[id(m)] = (m, model, weight_bytes)
         return cls(model, point.phase, point.backend, point.device, point.bench, tuple(overrides), weight_bytes, env)
