@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.common.outcome import Outcome, Status
-from orchestrator.read import draw, plots, trend_plots
+from orchestrator.read import draw, labels, plots, trend_plots
 from orchestrator.read.plots import plot_rows
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -209,30 +209,59 @@ def test_pareto_front_keeps_what_nothing_beats_on_both():
     assert pareto(points) == [3, 2, 1]  # by latency; (2.0, 0.0) is tied on quality and slower
 
 
-def test_labels_of_close_points_are_placed_apart_inside_the_axes():
-    """Five points crowded at the floor of a log axis, as float32 references of one model and
-    phase are on the speed-quality plot: each label in the axes, none over another or a marker."""
+def _through(a, b, box, steps=64):
+    return any(box.contains(a[0] + (b[0] - a[0]) * t / steps, a[1] + (b[1] - a[1]) * t / steps) for t in range(1, steps))
+
+
+def _cross(a, b):
+    side = lambda p, q, r: (q[0] - p[0]) * (r[1] - p[1]) - (q[1] - p[1]) * (r[0] - p[0])  # noqa: E731
+    return side(*a, b[0]) * side(*a, b[1]) < 0 and side(*b, a[0]) * side(*b, a[1]) < 0
+
+
+@pytest.mark.parametrize(
+    "points",
+    [
+        [(0.05, 1e-9), (0.052, 1e-9), (0.055, 1e-9), (0.2, 1e-9), (0.205, 1e-9), (0.1, 1e-2)],
+        # two rows of references crowded at the floor, as on a sweep of several runtimes
+        [(0.05, 1e-9), (0.052, 1e-9), (0.055, 1e-9), (0.057, 1e-9), (0.06, 1e-9), (0.2, 1e-9), (0.205, 1e-9), (0.1, 1e-2), (0.21, 1e-9)],
+    ],
+)
+def test_labels_of_close_points_are_placed_apart_inside_the_axes(points):
+    """Points crowded at the floor of a log axis, as float32 references of one model and phase
+    are on the speed-quality plot: each label in the axes, none over another or a marker, and
+    no leader line through another label or across another leader."""
     plt = draw.pyplot()
     fig, ax = plt.subplots(figsize=(7.2, 4.6))
-    points = [(0.05, 1e-9), (0.052, 1e-9), (0.055, 1e-9), (0.2, 1e-9), (0.205, 1e-9), (0.1, 1e-2)]
     ax.plot(*zip(*points, strict=True), "o")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(0.03, 0.4)
     ax.set_ylim(5e-10, 1)
     fig.tight_layout()
-    draw.place_labels(ax, points, [f"backend{i} (reference)" for i in range(len(points))])
+    labels.place_labels(ax, points, [f"backend{i} (reference)" for i in range(len(points))])
     from matplotlib.text import Text
 
+    fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
-    for t in ax.texts:
-        t.update_positions(renderer)
     boxes = [Text.get_window_extent(t, renderer) for t in ax.texts]  # the text alone, not its leader line
     inside = ax.get_window_extent(renderer)
     assert len(boxes) == len(points)
+    marks = [ax.transData.transform(p) for p in points]
     for i, box in enumerate(boxes):
-        assert inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1), ax.texts[i].get_text()
-        assert not any(box.overlaps(other) for other in boxes[i + 1 :]), ax.texts[i].get_text()
+        name = ax.texts[i].get_text()
+        assert inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1), name
+        assert not any(box.overlaps(other) for other in boxes[i + 1 :]), name
+        assert not any(box.contains(*m) for m in marks), name
+    leaders = {}  # text index -> its leader line, in pixels
+    for i, t in enumerate(ax.texts):
+        if t.arrow_patch is not None:
+            ends = t.arrow_patch.get_transform().transform(t.arrow_patch.get_path().vertices)
+            leaders[i] = (tuple(ends[0]), tuple(ends[-1]))
+    assert leaders  # the crowd needs some
+    for i, (a, b) in leaders.items():
+        others = [box for j, box in enumerate(boxes) if j != i]
+        assert not any(_through(a, b, box) for box in others), f"{ax.texts[i].get_text()}'s leader crosses a label"
+        assert not any(_cross((a, b), leaders[j]) for j in leaders if j > i), f"{ax.texts[i].get_text()}'s leader crosses another"
     plt.close(fig)
 
 

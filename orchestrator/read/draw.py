@@ -67,52 +67,6 @@ def log_axis(axis, values: list[float]) -> None:
     axis.set_minor_formatter(mt.NullFormatter())
 
 
-# where a point's label may sit, in points from it: beside it, then further above or below, then left
-LABEL_OFFSETS = tuple((dx, dy) for dx in (6, -6) for dy in (4, -11, 13, -20, 22, -29, 31, -38, 40, -47))
-
-
-def place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str], fontsize: float = 8) -> None:
-    """Each point's label at the first of LABEL_OFFSETS where its box, inside the axes, overlaps
-    no label placed before it and no point's marker (beside the point when no place is free); a
-    label set away from its point gets a thin line to it. Call once the axes' limits and the
-    figure's layout are final: boxes are measured on screen."""
-    renderer = ax.figure.canvas.get_renderer()
-    inside = ax.get_window_extent(renderer)
-    marks = [_box(*ax.transData.transform(p), 4) for p in points]  # a marker's box, in pixels
-    placed: list[Any] = []
-    for text, point in zip(texts, points, strict=True):
-        k, box = _free_offset(ax, renderer, text, point, fontsize, inside, [*placed, *marks])
-        lead = {"arrowprops": {"arrowstyle": "-", "color": "0.6", "lw": 0.6}} if k >= 2 else {}
-        _label(ax, text, point, LABEL_OFFSETS[k], fontsize, **lead)
-        placed.append(box)
-
-
-def _free_offset(ax: Any, renderer: Any, text: str, point: tuple[float, float], fontsize: float,
-                 inside: Any, taken: list[Any]) -> tuple[int, Any]:  # fmt: skip
-    """(the index of the first free offset in LABEL_OFFSETS, or 0; the label's box there)."""
-    first = None
-    for k, offset in enumerate(LABEL_OFFSETS):
-        trial = _label(ax, text, point, offset, fontsize)
-        box = trial.get_window_extent(renderer)
-        trial.remove()
-        first = first or box
-        if inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1) and not any(box.overlaps(b) for b in taken):
-            return k, box
-    return 0, first
-
-
-def _label(ax: Any, text: str, point: tuple[float, float], offset: tuple[int, int], fontsize: float, **more: Any) -> Any:
-    """`text` at `offset` points from `point`, reading away from it (right of it, or left)."""
-    return ax.annotate(text, point, xytext=offset, textcoords="offset points", fontsize=fontsize,
-                       ha="left" if offset[0] > 0 else "right", **more)  # fmt: skip
-
-
-def _box(x: float, y: float, half: float) -> Any:
-    from matplotlib.transforms import Bbox  # lazy: matplotlib, only once a plot is drawn
-
-    return Bbox.from_extents(x - half, y - half, x + half, y + half)
-
-
 def pad_log_limits(set_lim, values: list[float], factor: float = 1.6) -> None:
     set_lim(min(values) / factor, max(values) * factor)
 

@@ -14,11 +14,11 @@ from orchestrator.read.draw import (
     log_axis,
     pad_log_limits,
     panel_grid,
-    place_labels,
     pyplot,
     save,
     suffix,
 )
+from orchestrator.read.labels import place_labels
 
 PPL_INCREASE, KL, REFERENCE = "quality_ppl_increase", "quality_kl", "quality_reference"
 KL_FLOOR = 1e-9  # a KL below this is drawn at it (a float32 reference variant: at it, unmeasured)

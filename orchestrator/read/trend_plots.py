@@ -17,12 +17,12 @@ from orchestrator.read.draw import (
     join_label,
     log_axis,
     pad_log_limits,
-    place_labels,
     pyplot,
     save,
     spans_decade,
     suffix,
 )
+from orchestrator.read.labels import place_labels
 
 CONTEXT_LEN = "phase.context_len"
 MEMORY_METRIC = {"cuda": ("cuda_peak_allocated_mb", "peak CUDA memory allocated")}
