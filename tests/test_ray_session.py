@@ -94,12 +94,13 @@ def test_a_local_start_fails_as_its_last_attempt_failed_and_an_interrupt_is_not_
         assert len(starts) == 2 and all(_ended(procs) for procs in starts)
 
         def interrupted(folder):
-            starts.append([])
+            starts.append(_fake_start(folder))
             raise KeyboardInterrupt
 
         with pytest.raises(KeyboardInterrupt):
             ray_session.start_local(interrupted)
         assert len(starts) == 3
+        assert _ended(starts[2]), "an interrupted start's processes (the raylet's agents) outlived it"
     finally:
         for procs in starts:
             _end(procs)
@@ -175,3 +176,18 @@ def test_a_ray_started_outside_ray_init_gets_a_token_on_a_machine_that_never_ran
     assert len(token.strip()) >= 32
     ensure_auth_token()
     assert (tmp_path / ".ray" / "auth_token").read_text() == token
+
+
+def test_sigterm_inside_ray_init_leaves_as_the_drivers_terminated(monkeypatch):
+    """ray.init installs its own SIGTERM handler while it runs, which calls sys.exit(SIGTERM): the
+    driver sees its own Terminated (exit 143, its one line), not a bare exit status 15."""
+    from orchestrator.common.signals import Terminated
+    from orchestrator.plan.config import ClusterCfg
+    from tests.conftest import capacity
+
+    def init_meets_sigterm(init, attempts=ray_session.LOCAL_START_ATTEMPTS):
+        raise SystemExit(signal.SIGTERM)
+
+    monkeypatch.setattr(ray_session, "start_local", init_meets_sigterm)
+    with pytest.raises(Terminated):
+        ray_session.start(ClusterCfg(), capacity())

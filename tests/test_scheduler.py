@@ -163,3 +163,44 @@ def test_the_local_rays_autoscaler_monitor_is_found_by_the_name_its_shutdown_end
         time.sleep(0.05)
     assert reaper.start_time(monitor) is None
     assert session.live(), "the rest of the local Ray goes on"
+
+
+def test_ctrl_c_waits_for_the_local_rays_start_to_end(monkeypatch):
+    """An interrupt inside ray.init can leave a driver core worker that no ray.shutdown reaches,
+    whose thread crashes the interpreter's exit: it is raised once the start has returned, its
+    watchdog kept for stop()."""
+    import os
+    import signal
+
+    from orchestrator.common.signals import installed
+    from orchestrator.run import ray_session
+
+    def start(cluster, cap):
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, in the main thread
+        time.sleep(0.05)
+        return "its watchdog"
+
+    monkeypatch.setattr(ray_session, "import_ray_on_loopback", lambda: SimpleNamespace(is_initialized=lambda: False))
+    monkeypatch.setattr(ray_session, "start", start)
+    sched = Scheduler(ClusterCfg())
+    with installed(), pytest.raises(KeyboardInterrupt):
+        sched._start()
+    assert sched.watchdog == "its watchdog" and sched.owned
+
+
+def test_sigterm_inside_rays_wait_leaves_as_terminated():
+    """The driver's SIGTERM handler raises Terminated inside Ray's compiled wait, which hands it
+    back as a SystemError: the scheduler's loop raises the Terminated itself."""
+    from orchestrator.common.signals import Terminated
+    from orchestrator.run.scheduler import _wait
+
+    def wait(refs, num_returns, timeout):
+        try:
+            raise Terminated()
+        except Terminated as e:
+            raise SystemError("<cyfunction CoreWorker.wait> returned a result with an exception set") from e
+
+    with pytest.raises(Terminated):
+        _wait(SimpleNamespace(wait=wait), ["ref"])
+    with pytest.raises(SystemError):  # any other SystemError is left as it is
+        _wait(SimpleNamespace(wait=lambda *a, **k: (_ for _ in ()).throw(SystemError("other"))), ["ref"])

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.common.ray_env import LOCAL_ENV, socket_safe
+from orchestrator.common.signals import Terminated
 from orchestrator.plan.config import ClusterCfg, ConfigError
 from orchestrator.plan.placement import BENCH_RESOURCE, Capacity
 from orchestrator.run import reaper
@@ -116,6 +117,10 @@ def start(cluster: ClusterCfg, cap: Capacity) -> reaper.Watchdog | None:
         with one_start_at_a_time():
             context = start_local(init)
         return reaper.watch(context.address_info["session_dir"])
+    except SystemExit as e:  # SIGTERM inside ray.init met its handler there, sys.exit(SIGTERM): the driver's own
+        if e.code == signal.SIGTERM:
+            raise Terminated() from None
+        raise
     finally:
         # ray.init replaces SIGTERM's handler (sys.exit, and a C++ one that aborts): the driver's goes back
         if callable(sigterm):
@@ -124,16 +129,18 @@ def start(cluster: ClusterCfg, cap: Capacity) -> reaper.Watchdog | None:
 
 def start_local(init: Callable[[str], Any], attempts: int = LOCAL_START_ATTEMPTS) -> Any:
     """init(folder), a local Ray's start in a temp folder of its own; when it fails, every
-    process of that folder is ended (reaper.Session) and it starts again, up to `attempts`."""
+    process of that folder is ended (reaper.Session) and it starts again, up to `attempts`.
+    Interrupted (Ctrl-C, SIGTERM), it ends them too and starts nothing more: no watchdog yet
+    watches them, and the agents the raylet started outlive it."""
     since = reaper.start_time(os.getpid()) or 0
     attempt = 1
     while True:
         folder = temp_folder()
         try:
             return init(folder)
-        except Exception as e:
+        except BaseException as e:
             ended = reaper.reap(reaper.Session(folder, since))
-            if attempt == attempts:
+            if attempt == attempts or not isinstance(e, Exception):
                 raise
             attempt += 1
             first = (str(e).strip().splitlines() or [""])[0][:200]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.common.signals import Terminated, deferred
 from orchestrator.plan.config import ClusterCfg
 from orchestrator.plan.placement import Capacity, Request, capacity_of
 from orchestrator.run import entries, ray_session
@@ -99,6 +100,18 @@ class _Task:
     attempts: int = 0
 
 
+def _wait(ray: Any, refs: list[Any]) -> list[Any]:
+    """The refs of `refs` that are done, waiting up to a second for one. SIGTERM's Terminated,
+    raised by the driver's handler inside Ray's compiled wait, comes out of it as a SystemError
+    ("returned a result with an exception set"): it leaves as itself."""
+    try:
+        return ray.wait(refs, num_returns=1, timeout=1.0)[0]
+    except SystemError as e:
+        if isinstance(e.__cause__, Terminated):
+            raise e.__cause__ from None
+        raise
+
+
 class Scheduler:
     def __init__(self, cluster: ClusterCfg, seed: int | None = None):
         self.cluster = cluster
@@ -153,8 +166,11 @@ class Scheduler:
             import ray  # lazy: ray, only once a run starts
         if not ray.is_initialized():
             cap = self.capacity or local_capacity(self.cluster.num_cpus)
-            self.watchdog = ray_session.start(self.cluster, cap)
-            self.owned = True
+            # Ctrl-C waits for ray.init: interrupted, it can leave a driver core worker that no
+            # ray.shutdown reaches, whose IO thread then crashes the interpreter's exit (SIGSEGV)
+            with deferred():
+                self.watchdog = ray_session.start(self.cluster, cap)
+                self.owned = True
         self._remote = {
             "export": ray.remote(entries.export_entry),
             "bench": ray.remote(entries.bench_entry),
@@ -323,7 +339,7 @@ class Scheduler:
             self._start_queued()
             if not self.running:  # all that was queued is done (what the results above queued has started)
                 continue
-            ready, _ = ray.wait(list(self.running), num_returns=1, timeout=1.0)
+            ready = _wait(ray, list(self.running))
             for ref in ready:
                 task = self.running.pop(ref)
                 stage = STAGES[task.kind]
