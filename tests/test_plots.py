@@ -213,9 +213,13 @@ def _through(a, b, box, steps=64):
     return any(box.contains(a[0] + (b[0] - a[0]) * t / steps, a[1] + (b[1] - a[1]) * t / steps) for t in range(1, steps))
 
 
+def _side(p, q, r):
+    return (q[0] - p[0]) * (r[1] - p[1]) - (q[1] - p[1]) * (r[0] - p[0])
+
+
 def _cross(a, b):
-    side = lambda p, q, r: (q[0] - p[0]) * (r[1] - p[1]) - (q[1] - p[1]) * (r[0] - p[0])  # noqa: E731
-    return side(*a, b[0]) * side(*a, b[1]) < 0 and side(*b, a[0]) * side(*b, a[1]) < 0
+    """Checked here on its own, not with the placement's geometry it checks."""
+    return _side(*a, b[0]) * _side(*a, b[1]) < 0 and _side(*b, a[0]) * _side(*b, a[1]) < 0
 
 
 @pytest.mark.parametrize(

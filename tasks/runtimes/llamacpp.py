@@ -63,6 +63,7 @@ def repack(lc: Any, option: str) -> bool:
         return option == "true"
     return AMX not in lc.llama_print_system_info().decode(errors="replace")
 
+
 WARN = 3  # GGML_LOG_LEVEL_WARN: llama.cpp's notes below it (every load prints dozens) are dropped
 
 
