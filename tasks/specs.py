@@ -140,6 +140,12 @@ class PhaseSpec:
     call: int | None = None  # its index among the application's model calls
     inputs: str | None = None  # the .npz of its recorded inputs, named by their content digest
 
+    @property
+    def label(self) -> str:
+        """The phase as variant names, export folders and the runs' `phase` tag read it: a
+        captured call reads as the kind of call it is (llama_decode_...), every other phase as its name."""
+        return self.kind or self.name
+
 
 # env.pip: exact pins only (NAME==VERSION), so an environment is one set of versions, keyed and
 # rebuilt the same on every node (tasks/worker/envs.py)

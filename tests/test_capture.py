@@ -22,7 +22,7 @@ import torch
 
 from tasks.jobs import bench_job, export_job
 from tasks.model.models import build_model, model_dims
-from tasks.phases import captured, label, phase_module
+from tasks.phases import captured, phase_module
 from tasks.phases._calls import distinct_calls, select
 from tasks.specs import BenchSpec, CaptureOptions, CaptureSpec, ConfigError, ExportSpec, PhaseSpec
 from tests import capture_apps
@@ -74,7 +74,7 @@ def test_the_config_is_checked_before_any_work(phase, message):
 def test_a_kept_call_reads_as_its_kind_and_normalises_as_it():
     kept = PhaseSpec("captured", 1, context_len=40, app=EXAMPLE, kind="decode", call=3, inputs="x.npz")
     spec = captured.normalize(kept, "static")
-    assert label(spec) == "decode" and spec.cache_len == 48 and spec.capture is None  # decode's HEADROOM
+    assert spec.label == "decode" and spec.cache_len == 48 and spec.capture is None  # decode's HEADROOM
     assert captured.io_names(spec, 2) == phase_module("decode").io_names(spec, 2)
     with pytest.raises(ConfigError, match="max_position_embeddings"):
         captured.check(replace(spec, context_len=5000, cache_len=None), {"max_positions": 4096, "layers": 2})

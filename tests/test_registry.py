@@ -52,6 +52,8 @@ def test_every_phase_module_follows_the_protocol(name):
     module = phase_module(name)
     missing = [f for f in PHASE_PROTOCOL if not callable(getattr(module, f, None))]
     assert not missing, f"tasks/phases/{name}.py lacks {missing}"
+    keys = getattr(module, "NAMING_KEYS", None)
+    assert isinstance(keys, tuple) and all(k.startswith("phase.") for k in keys), f"tasks/phases/{name}.py NAMING_KEYS"
     kinds = ("prefill", "decode") if name == "captured" else (None,)  # a captured call has its kind's graph
     for kind in kinds:
         inputs, outputs = module.io_names(PhaseSpec(name, 1, kind=kind), 2)

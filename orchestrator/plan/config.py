@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Protocol
 
 from omegaconf import DictConfig
@@ -118,6 +119,8 @@ class SweepPoint:
     arch: dict[str, Any] = field(default_factory=dict)
     dims: dict[str, int] = field(default_factory=dict)  # the model's dimensions (tasks.model.families.model_dims)
     parameters: int = 0  # a checkpoint's, counted from its tensors; else estimated from arch
+    # its phase's module (tasks/phases/), resolved once by the validator as the backend's parts are
+    phase_part: ModuleType | None = field(default=None, repr=False, compare=False)
 
 
 _SCHEMAS = {
@@ -200,7 +203,7 @@ class _Validator:
         self.converted: dict[Hashable, Any] = {}  # section key -> dataclass | ConfigError
         self.checked: dict[Hashable, ConfigError | None] = {}
         self.models: dict[Hashable, Model | ConfigError] = {}  # model key -> its architecture
-        self.phases: dict[tuple[Hashable, Hashable], PhaseSpec | ConfigError] = {}
+        self.phases: dict[tuple[Hashable, Hashable], tuple[PhaseSpec, ModuleType] | ConfigError] = {}
 
     @staticmethod
     def _outcome(fn: Callable[[], Any]) -> Any:
@@ -244,16 +247,16 @@ class _Validator:
             self.phases[pair] = self._outcome(lambda: self._phase(point, keys["model"]))
         if isinstance(self.phases[pair], ConfigError):
             raise self.phases[pair]
-        point.phase = self.phases[pair]
+        point.phase, point.phase_part = self.phases[pair]
         point.arch, point.dims, point.parameters = self.models[keys["model"]]
         return point
 
-    def _phase(self, point: SweepPoint, key: Hashable) -> PhaseSpec:
+    def _phase(self, point: SweepPoint, key: Hashable) -> tuple[PhaseSpec, ModuleType]:
         phase = phase_module(point.phase.name)
         spec = phase.normalize(point.phase, point.model.kv_cache)
         phase.check(spec)  # what the config alone decides ...
         phase.check(spec, self.models[key][1])  # ... and against the model's dimensions
-        return spec
+        return spec, phase
 
 
 def _model_choice(overrides: Sequence[str]) -> tuple[str | None, bool]:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from orchestrator.plan.variant import Variant
-from tasks.phases import naming_keys
 
 # how a varying axis reads in a variant name; others read `{leaf}{value}`
 SHORT = {
@@ -52,14 +53,15 @@ def swept_keys(overrides: list[list[str]]) -> set[str]:
     return keys
 
 
-def name_variants(variants: list[Variant], overrides: list[list[str]]) -> list[str]:
+def name_variants(variants: list[Variant], overrides: list[list[str]], phases: Iterable[ModuleType]) -> list[str]:
     """Each variant's name, in order. Values that follow from another choice (a preset's family,
     a derived cache size) never add a suffix; names that still read alike (checkpoints in folders
-    of one name) end in their params' digest."""
+    of one name) end in their params' digest. `phases`: the sweep's phase modules, whose
+    NAMING_KEYS are named when they vary though no one swept them (a captured application's shapes)."""
     # choosing a model/phase/backend/device option is already in the base name; other
     # group choices (bench=quick) make every key of that group eligible
     swept = swept_keys(overrides) - {"model", "phase", "backend", "device"}
-    swept |= naming_keys({v.phase.name for v in variants})  # e.g. the shapes a captured application chose
+    swept |= {key for phase in phases for key in phase.NAMING_KEYS}
 
     @cache
     def eligible(key: str) -> bool:

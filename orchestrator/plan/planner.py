@@ -119,7 +119,8 @@ def make_plan(
     to_run = [(v, jobs, captures.gaps.get(v.phase.inputs) if captures else None) for v, jobs in grid.kept]
     # skipped points are named with the others: a float32 variant and its skipped bfloat16
     # twin must not share a name (both are recorded)
-    names = name_variants([v for v, _, _ in to_run] + [row.resolved for row, _ in grid.skipped], overrides)
+    phases = {point.phase_part for point in points}
+    names = name_variants([v for v, _, _ in to_run] + [row.resolved for row, _ in grid.skipped], overrides, phases)
     skipped = [
         Skipped(row.job, name, reason, row.v, configs)
         for name, (row, reason) in zip(names[len(to_run) :], grid.skipped, strict=True)

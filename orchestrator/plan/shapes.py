@@ -12,7 +12,6 @@ from dataclasses import replace
 from orchestrator.plan.config import SweepPoint
 from orchestrator.plan.variant import Variant
 from tasks.contract import Point
-from tasks.phases import phase_module
 from tasks.specs import PhaseSpec
 
 
@@ -29,7 +28,7 @@ def shapes(point: SweepPoint, v: Variant, kept: tuple[PhaseSpec, ...] | None) ->
     that does not fit the model raises ConfigError, before any run exists."""
     if kept is None and (not v.phase.depths or fixed_depth(point) is None):
         return [v]
-    module = phase_module(v.phase.name)
+    module = point.phase_part
     if kept is None:
         at = [replace(v.phase, context_len=d, depths=None, cache_len=None) for d in v.phase.depths or ()]
         return [replace(v, phase=module.normalize(phase, v.model.kv_cache)) for phase in at]

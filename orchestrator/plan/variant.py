@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.plan.config import BackendCfg, DeviceCfg, SweepPoint
-from tasks.phases import label
 from tasks.specs import DTYPE_BYTES, GROUPED_QUANTS, BenchOptions, EnvSpec, ModelSpec, PhaseSpec, QualitySpec
 
 TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"  # orchestrator/plan/variant.py -> the repository's tasks/
@@ -280,7 +279,7 @@ class Variant:
         if text := self.backend.format_part.name_tag(self.backend.export_options):  # what the format adds to the name
             if not backend.endswith(f"_{text}"):  # backend=onnxruntime_genai says it already
                 backend += f"_{text}"  # e.g. onnxruntime_genai: an export option that makes another artifact
-        return f"{self.model.name}_{label(self.phase)}_{backend}_{self.device.name}{quant_tag(self.model)}{self.env.tag}"
+        return f"{self.model.name}_{self.phase.label}_{backend}_{self.device.name}{quant_tag(self.model)}{self.env.tag}"
 
     @cached_property
     def params(self) -> dict[str, Any]:
@@ -310,6 +309,11 @@ class Variant:
 
     def naming_axes(self) -> dict[str, Any]:
         return {k: v for k, v in self.params.items() if self.naming_axis(k)}
+
+    @cached_property
+    def quality(self) -> QualitySpec | None:
+        """What its export stores for the quality measurement (in its export key too)."""
+        return quality_spec(self.bench)
 
     @cached_property
     def export_key(self) -> str:

@@ -19,8 +19,7 @@ from orchestrator.plan.placement import (
     memory_warning,
     placement_error,
 )
-from orchestrator.plan.variant import Variant, quality_spec
-from tasks.phases import label
+from orchestrator.plan.variant import Variant
 from tasks.specs import BenchSpec, ExportSpec
 
 
@@ -81,13 +80,13 @@ def export_spec(v: Variant, out_dir: str) -> ExportSpec:
         export_format=v.backend.export_format,
         out_dir=out_dir,
         options=dict(v.backend.export_options),
-        quality=quality_spec(v.bench),
+        quality=v.quality,
         env=v.env,
     )
 
 
 def _export_dir(cache: Path, v: Variant) -> str:
-    return os.path.join(cache, f"{v.model.name}_{label(v.phase)}_{v.backend.export_format}-{v.export_key[:16]}")
+    return os.path.join(cache, f"{v.model.name}_{v.phase.label}_{v.backend.export_format}-{v.export_key[:16]}")
 
 
 def planned_work(

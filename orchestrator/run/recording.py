@@ -26,7 +26,6 @@ from orchestrator.read.summary import sweep_note
 from orchestrator.record.tracking import Tracker
 from tasks.measure import anatomy
 from tasks.measure.profiles import CHART, TABLE
-from tasks.phases import label
 from tasks.specs import BenchResult, ExportResult, Failure
 
 
@@ -43,7 +42,7 @@ def config_yaml(cfg: DictConfig, revision: str | None = None) -> str:
 
 
 def axes(v: Variant) -> dict[str, str]:
-    return {"model": v.model.name, "phase": label(v.phase), "backend": v.backend.name, "device": v.device.name}
+    return {"model": v.model.name, "phase": v.phase.label, "backend": v.backend.name, "device": v.device.name}
 
 
 def log_export(tracker: Tracker, run_id: str, result: ExportResult, tags: dict[str, Any]) -> None:

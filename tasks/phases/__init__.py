@@ -17,8 +17,9 @@ without torch (the driver calls its torch-free half) and provides:
   check_parity(session, phase, feeds, parity, atol) -> dict   exported vs reference
   extra_metrics(phase=..., **timing) -> dict   phase-specific metrics after timing
 
-and may declare NAMING_KEYS: params that set its variants apart in their names even when
-no one swept them (captured: the shapes the application chose).
+  NAMING_KEYS: tuple[str, ...]                params that set its variants apart in their names
+                                              even when no one swept them (captured: the shapes the
+                                              application chose; decode: a depth per export), or ()
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pkgutil
 from functools import cache
 from types import ModuleType
 
-from tasks.specs import ConfigError, PhaseSpec
+from tasks.specs import ConfigError
 
 
 @cache
@@ -42,13 +43,3 @@ def phase_module(name: str) -> ModuleType:
         raise ConfigError(f"phase.name={name!r} is not allowed; choose one of: {', '.join(phase_names())}")
     return importlib.import_module(f"{__name__}.{name}")
 
-
-def label(phase: PhaseSpec) -> str:
-    """The phase as variant names and the runs' `phase` tag read it: a captured call reads as
-    the kind of call it is (llama_decode_...), every other phase as its name."""
-    return phase.kind or phase.name
-
-
-def naming_keys(names: set[str]) -> set[str]:
-    """The NAMING_KEYS of these phases."""
-    return {key for name in names for key in getattr(phase_module(name), "NAMING_KEYS", ())}

@@ -23,6 +23,8 @@ from tasks.specs import IN_GRAPH_KV_CACHES, PRESENT, PhaseSpec, at_least, kv_nam
 if TYPE_CHECKING:
     import torch
 
+NAMING_KEYS: tuple[str, ...] = ()  # a prefill variant is named by what the user swept alone
+
 
 def normalize(phase: PhaseSpec, kv_cache: str) -> PhaseSpec:
     """Prefill uses batch and prompt_len; the cache and step fields are decode's."""
