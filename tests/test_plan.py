@@ -378,7 +378,7 @@ def test_an_export_key_is_the_digest_of_its_whole_identity():
             "phase": dataclasses.asdict(v.phase),
             "format": fmt,
             "options": v.backend.export_options,
-            "quality": variant._quality_identity(v.bench),
+            "quality": variant._quality_identity(v.quality),
             "versions": {lib: variant._version(lib) for lib in format_module(fmt).LIBRARIES},
             "tasks": variant._tasks_source_hash(),
         }

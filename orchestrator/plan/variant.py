@@ -65,8 +65,9 @@ def quality_spec(bench: BenchOptions) -> QualitySpec | None:
     return QualitySpec(tokens=bench.quality_tokens, text=text)
 
 
-def _quality_identity(bench: BenchOptions) -> dict[str, Any] | None:
-    if (q := quality_spec(bench)) is None:
+def _quality_identity(q: QualitySpec | None) -> dict[str, Any] | None:
+    """What of a quality spec changes an export: its tokens, its text file by its size and time."""
+    if q is None:
         return None
     text = Path(q.text) if q.text else None
     return {"tokens": q.tokens, "text": text and (str(text), text.stat().st_size, text.stat().st_mtime_ns)}
@@ -202,7 +203,7 @@ class Memo:
                 self._text(v.model, lambda m: _json(_model_identity(m))),
                 self._text(v.phase, lambda p: _json(asdict(p))),
                 self._text(v.backend, _export_texts),
-                self._text(v.bench, lambda b: _json(_quality_identity(b))),
+                self._text(v.bench, lambda b: _json(_quality_identity(quality_spec(b)))),
             )
             self._export_keys[key] = ((*parts[:3], *parts[4:]), _export_key(*texts, v.env))
         v.__dict__["export_key"] = self._export_keys[key][1]
@@ -322,7 +323,7 @@ class Variant:
             _json(_model_identity(self.model)),
             _json(asdict(self.phase)),
             _export_texts(self.backend),
-            _json(_quality_identity(self.bench)),
+            _json(_quality_identity(self.quality)),
             self.env,
         )
 
