@@ -14,7 +14,7 @@ inputs and attributes used here (onnx.defs.OpSchema, a public constructor) so on
 record the node. Imports onnx and onnxscript: only in an export's process.
 
 fuse_for_ort then runs onnxscript's ONNX Runtime fusions (optimize_for_ort) over the exported
-file: RMSNorm as SimplifiedLayerNormalization, a residual add and RMSNorm as
+model, in memory, and saves it: RMSNorm as SimplifiedLayerNormalization, a residual add and RMSNorm as
 SkipSimplifiedLayerNormalization (the builder's own ops), about 5% of a decode step at context
 128 on the 125M Llama (docs/measurement.md).
 """
@@ -84,14 +84,15 @@ def translate(q, k, v, k_past, v_past, cache_position, cache: str, scale: float,
     return out, k_all, v_all
 
 
-def fuse_for_ort(path: Path, external: bool) -> dict[str, int]:
-    """optimize_for_ort over the file at `path`, saved in place (its external data too, which
-    onnx_ir writes to a temporary file first); {fusion: count} of the fusions that applied."""
+def fuse_for_ort(model: Any, path: Path, external: bool) -> dict[str, int]:
+    """optimize_for_ort over the exported `model` (onnx_ir's, ONNXProgram.model), which is then
+    saved to `path` (its weights to path.name + ".data" when `external`); {fusion: count} of the
+    fusions that applied."""
     # lazy: onnx_ir, only in an export's process
     import onnx_ir as ir
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
-    model, counts = optimize_for_ort(ir.load(str(path)))
+    model, counts = optimize_for_ort(model)
     ir.save(model, str(path), external_data=path.name + ".data" if external else None)
     return {name: n for name, n in counts.items() if n}
 

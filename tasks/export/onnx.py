@@ -106,10 +106,10 @@ def _torch_export(graph, args, input_names, output_names, path: Path, opts: Opti
     external = sum(p.numel() * p.element_size() for p in graph.parameters()) > EXTERNAL_DATA_BYTES
     logging.getLogger("torch.onnx").setLevel(logging.WARNING)
     with fused as layers, torch.inference_mode(False), torch.no_grad():
-        torch.onnx.export(
+        program = torch.onnx.export(
             graph,
             args,
-            str(path),
+            str(path) if why else None,  # fused: saved once, after the fusions, not written and read back
             dynamo=True,
             input_names=input_names,
             output_names=output_names,
@@ -122,7 +122,7 @@ def _torch_export(graph, args, input_names, output_names, path: Path, opts: Opti
         )
     if why:
         return {"onnx_fused_attention_layers": 0, "onnx_ort_fusions_skip": why}
-    counts = _ort_attention.fuse_for_ort(path, external)
+    counts = _ort_attention.fuse_for_ort(program.model, path, external)
     return {"onnx_fused_attention_layers": layers, "onnx_ort_fusions": ",".join(f"{k}={n}" for k, n in counts.items())}
 
 
