@@ -40,6 +40,16 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.fixture
+def default_sigint():
+    """SIGINT at Python's default in this process, whatever it inherited (a shell's background
+    job, and so pytest and its workers, ignore it; the driver's handlers keep an ignored SIGINT
+    ignored)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 CONF = ROOT / "conf"
 
 

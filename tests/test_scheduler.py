@@ -165,19 +165,17 @@ def test_the_local_rays_autoscaler_monitor_is_found_by_the_name_its_shutdown_end
     assert session.live(), "the rest of the local Ray goes on"
 
 
-def test_ctrl_c_waits_for_the_local_rays_start_to_end(monkeypatch):
+def test_ctrl_c_waits_for_the_local_rays_start_to_end(monkeypatch, default_sigint):
     """An interrupt inside ray.init can leave a driver core worker that no ray.shutdown reaches,
     whose thread crashes the interpreter's exit: it is raised once the start has returned, its
     watchdog kept for stop()."""
-    import os
     import signal
 
     from orchestrator.common.signals import installed
     from orchestrator.run import ray_session
 
     def start(cluster, cap):
-        os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, in the main thread
-        time.sleep(0.05)
+        signal.raise_signal(signal.SIGINT)  # to this thread: the handler has run when it returns
         return "its watchdog"
 
     monkeypatch.setattr(ray_session, "import_ray_on_loopback", lambda: SimpleNamespace(is_initialized=lambda: False))

@@ -16,15 +16,6 @@ from orchestrator.record.tracking import Tracker
 
 
 @pytest.fixture
-def default_sigint():
-    """SIGINT at Python's default, whatever this process inherited (a shell's background job,
-    and so pytest's workers, ignore it)."""
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, before)
-
-
-@pytest.fixture
 def driver_handlers(default_sigint):
     with installed():
         yield
