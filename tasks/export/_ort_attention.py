@@ -14,20 +14,23 @@ inputs and attributes used here (onnx.defs.OpSchema, a public constructor) so on
 record the node. Imports onnx and onnxscript: only in an export's process.
 
 fuse_for_ort then runs onnxscript's ONNX Runtime fusions (optimize_for_ort) over the exported
-model, in memory, and saves it: RMSNorm as SimplifiedLayerNormalization, a residual add and RMSNorm as
-SkipSimplifiedLayerNormalization (the builder's own ops), about 5% of a decode step at context
-128 on the 125M Llama (docs/measurement.md).
+model in memory, and saves it: RMSNorm as SimplifiedLayerNormalization, a residual add and
+RMSNorm as SkipSimplifiedLayerNormalization (the builder's own ops), about 5% of a decode step
+at context 128 on the 125M Llama (docs/measurement.md).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 import onnxscript
 from onnx.defs import OpSchema
 from onnxscript import opset18 as op
+
+if TYPE_CHECKING:
+    import onnx_ir
 
 _P, _A = OpSchema.FormalParameter, OpSchema.Attribute
 _OPTIONAL = OpSchema.FormalParameterOption.Optional
@@ -84,9 +87,9 @@ def translate(q, k, v, k_past, v_past, cache_position, cache: str, scale: float,
     return out, k_all, v_all
 
 
-def fuse_for_ort(model: Any, path: Path, external: bool) -> dict[str, int]:
-    """optimize_for_ort over the exported `model` (onnx_ir's, ONNXProgram.model), which is then
-    saved to `path` (its weights to path.name + ".data" when `external`); {fusion: count} of the
+def fuse_for_ort(model: onnx_ir.Model, path: Path, external: bool) -> dict[str, int]:
+    """optimize_for_ort over the exported `model` (torch.onnx's ONNXProgram.model), then saved
+    to `path` (its weights to path.name + ".data" when `external`); {fusion: count} of the
     fusions that applied."""
     # lazy: onnx_ir, only in an export's process
     import onnx_ir as ir
