@@ -15,6 +15,8 @@ What each declares, in one place, with a default on the base:
   Options       a frozen dataclass of its typed options (backend.export_options / backend.options);
                 __post_init__ checks values and raises ConfigError
   PRELOAD       modules its fork server imports once (tasks/worker/forks.py)
+  MODELS        whether its work builds transformers models: its fork server then also imports
+                the modelling module of each family the plan holds (a format's always do)
   DTYPES        model.dtype values it handles, by device (DTYPE_NOTE: why not others)
   QUANTS        model.quant values it handles, by device (QUANT_NOTE: why not others, a str or
                 {device: str}); a format makes them, a runtime runs them
@@ -105,6 +107,7 @@ class Part:
     MEMORY_FACTOR: ClassVar[float] = 1.5
     Options: ClassVar[type] = NoOptions
     PRELOAD: ClassVar[tuple[str, ...]] = ()
+    MODELS: ClassVar[bool] = False
     DTYPES: ClassVar[Mapping[str, tuple[str, ...]]] = EVERY_DTYPE
     DTYPE_NOTE: ClassVar[str] = ""
     QUANTS: ClassVar[Mapping[str, tuple[str, ...]]] = NO_QUANT

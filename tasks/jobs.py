@@ -188,22 +188,30 @@ def _release_memory() -> None:
         pass
 
 
-def fork_servers(formats: Iterable[str], runtimes: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """The fork servers a plan needs on each node, by role, with what each imports once: one for
-    exports (torch, transformers' modelling modules, each format's PRELOAD; none when every
-    export is cached) and one per runtime (numpy and its PRELOAD only, so a benchmark's
-    process holds what a spawned one would and memory figures compare across runtimes)."""
-
+def fork_servers(exports: Iterable[tuple[str, str]], benches: Iterable[tuple[str, str]]) -> dict[str, tuple[str, ...]]:
+    """The fork servers a plan needs on each node, by role, with what each imports once, from
+    the (format, family) of each export to make and the (runtime, family) of each benchmark:
+    one for exports (torch, transformers, the modelling modules of its families, each format's
+    PRELOAD; none when every export is cached) and one per runtime (numpy and its PRELOAD only,
+    so a benchmark's process holds what a spawned one would and memory figures compare across
+    runtimes; its families' modelling modules too where it builds models, Runtime.MODELS)."""
     servers = {}
-    if formats := sorted(set(formats)):
-        export = ["torch", "transformers", *(f.rotary_module for f in FAMILIES.values())]
-        for name in formats:
+    if exports := sorted(set(exports)):
+        export = ["torch", "transformers", *_modelling({family for _, family in exports})]
+        for name in dict.fromkeys(fmt for fmt, _ in exports):
             export += format_module(name).PRELOAD
         servers[EXPORT_SERVER] = tuple(dict.fromkeys(export))
-    for name in sorted(set(runtimes)):
-        preload = ["numpy", "numpy.random", *runtime_module(name).PRELOAD]  # a child seeds numpy.random
+    for name in sorted({runtime for runtime, _ in benches}):
+        runtime = runtime_module(name)
+        models = _modelling({family for r, family in benches if r == name}) if runtime.MODELS else []
+        preload = ["numpy", "numpy.random", *runtime.PRELOAD, *models]  # a child seeds numpy.random
         servers[bench_server(name)] = tuple(dict.fromkeys(preload))
     return servers
+
+
+def _modelling(families: Iterable[str]) -> list[str]:
+    """transformers' modelling modules of these families (tasks/model/families.py)."""
+    return list(dict.fromkeys(FAMILIES[f].rotary_module for f in sorted(families) if f in FAMILIES))
 
 
 def bench_in_fresh_process(spec: BenchSpec, timeout_s: float | None = None, forks: str | None = None) -> BenchResult:

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from tasks.jobs import fork_servers
+from tasks.model.families import FAMILIES
 from tasks.specs import BenchResult
 from tasks.worker import forks
 from tasks.worker.forks import EXPORT_SERVER, bench_server
@@ -202,18 +203,26 @@ def test_a_child_names_the_libraries_it_imported_after_its_fork(server):
 
 
 def test_each_runtime_has_a_server_of_its_own_importing_what_it_loads():
-    """Exports' server: torch, transformers, the formats' exporters. A benchmark's: its
-    runtime's libraries only, so an ONNX Runtime benchmark's memory holds no torch."""
-    servers = fork_servers({"onnx"}, {"onnxruntime"})
+    """Exports' server: torch, transformers, the formats' exporters, the modelling modules of
+    the families it exports only. A benchmark's: its runtime's libraries only, so an ONNX
+    Runtime benchmark's memory holds no torch; a runtime that builds models (eager) adds the
+    modelling modules of the families it runs."""
+    llama, phi3 = FAMILIES["llama"].rotary_module, FAMILIES["phi3"].rotary_module
+    servers = fork_servers({("onnx", "llama")}, {("onnxruntime", "llama")})
     assert set(servers) == {EXPORT_SERVER, bench_server("onnxruntime")}
-    assert {"torch", "transformers", "torch.onnx", "onnxscript"} <= set(servers[EXPORT_SERVER])
+    assert {"torch", "transformers", "torch.onnx", "onnxscript", llama} <= set(servers[EXPORT_SERVER])
+    assert phi3 not in servers[EXPORT_SERVER]
     assert not any(m.startswith("executorch") for m in servers[EXPORT_SERVER])
     assert servers[bench_server("onnxruntime")] == ("numpy", "numpy.random", "onnxruntime", "onnx")
-    every = fork_servers({"onnx", "executorch", "none"}, {"onnxruntime", "executorch", "eager", "compile"})
-    assert {"executorch.exir", "torch.onnx"} <= set(every[EXPORT_SERVER])
+    exports = {("onnx", "llama"), ("executorch", "phi3"), ("none", "llama")}
+    benches = {("onnxruntime", "llama"), ("executorch", "phi3"), ("eager", "phi3"), ("compile", "llama")}
+    every = fork_servers(exports, benches)
+    assert {"executorch.exir", "torch.onnx", llama, phi3} <= set(every[EXPORT_SERVER])
     assert "executorch.runtime" in every[bench_server("executorch")]
-    assert {"torch", "transformers"} <= set(every[bench_server("eager")])
+    assert {"torch", "transformers", phi3} <= set(every[bench_server("eager")]) and llama not in every[bench_server("eager")]
+    assert llama in every[bench_server("compile")] and phi3 not in every[bench_server("compile")]
     assert "torch._dynamo" in every[bench_server("compile")] and "torch._dynamo" not in every[bench_server("eager")]
+    assert not any(m.startswith("transformers.models") for m in every[bench_server("onnxruntime")])
     assert all(len(mods) == len(set(mods)) for mods in every.values())
 
 

@@ -68,11 +68,12 @@ class Plan:
 
     def fork_servers(self, to_make: Callable[[ExportSpec], bool] = lambda spec: True) -> dict[str, tuple[str, ...]]:
         """The fork servers each node runs for this plan, and what each imports: an export
-        server for the formats of the exports `to_make` says are to be made (not in the cache)."""
+        server for the exports `to_make` says are to be made (not in the cache); each imports the
+        modelling modules of its own work's model families, not every family's."""
         from tasks.jobs import fork_servers  # lazy: tasks.jobs loads every task module; only a run asks this
 
-        formats = {job.spec.export_format for job in self.exports.values() if to_make(job.spec)}
-        return fork_servers(formats, {pv.bench.runtime for pv in self.variants})
+        exports = {(job.spec.export_format, job.spec.model.family) for job in self.exports.values() if to_make(job.spec)}
+        return fork_servers(exports, {(pv.bench.runtime, pv.bench.model.family) for pv in self.variants})
 
 
 def _rows(

@@ -14,7 +14,6 @@ import numpy as np
 from tasks.contract import Refusal, Runtime
 from tasks.measure.profiles import CALLS, WARMUP, add, top_ops
 from tasks.model import quant  # quant.quantize looked up when called: a test may stand in for it
-from tasks.model.families import FAMILIES
 from tasks.model.models import build_model
 from tasks.model.tensors import to_torch
 from tasks.phases import phase_module
@@ -158,7 +157,8 @@ class EagerRuntime(Runtime):
     """The graph module itself, in PyTorch (format `none`); it quantises what it builds."""
 
     LIBRARIES = ("torch", "transformers", "torchao")  # torchao: model.quant
-    PRELOAD = ("torch", "transformers", *dict.fromkeys(f.rotary_module for f in FAMILIES.values()))  # what load() imports
+    PRELOAD = ("torch", "transformers")  # what load() imports, with the plan's families' modelling modules
+    MODELS = True
     PROFILER = "torch.profiler, ops by self time, after the timed loop in the same session"
     REFUSALS = (
         Refusal("model.kv_cache", "update_cache", _CPU_ONLY, devices=("cuda",)),
