@@ -194,17 +194,18 @@ def fork_servers(exports: Iterable[tuple[str, str]], benches: Iterable[tuple[str
     one for exports (torch, transformers, the modelling modules of its families, each format's
     PRELOAD; none when every export is cached) and one per runtime (numpy and its PRELOAD only,
     so a benchmark's process holds what a spawned one would and memory figures compare across
-    runtimes; its families' modelling modules too where it builds models, Runtime.MODELS)."""
+    runtimes; its families' modelling modules too where it builds models, Runtime.MODELS).
+    Each imports this module last: a child unpickles its job (bench_job, _export_job) from here."""
     servers = {}
     if exports := sorted(set(exports)):
         export = ["torch", "transformers", *_modelling({family for _, family in exports})]
         for name in dict.fromkeys(fmt for fmt, _ in exports):
             export += format_module(name).PRELOAD
-        servers[EXPORT_SERVER] = tuple(dict.fromkeys(export))
+        servers[EXPORT_SERVER] = tuple(dict.fromkeys([*export, __name__]))
     for name in sorted({runtime for runtime, _ in benches}):
         runtime = runtime_module(name)
         models = _modelling({family for r, family in benches if r == name}) if runtime.MODELS else []
-        preload = ["numpy", "numpy.random", *runtime.PRELOAD, *models]  # a child seeds numpy.random
+        preload = ["numpy", "numpy.random", *runtime.PRELOAD, *models, __name__]  # a child seeds numpy.random
         servers[bench_server(name)] = tuple(dict.fromkeys(preload))
     return servers
 

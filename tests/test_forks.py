@@ -213,7 +213,8 @@ def test_each_runtime_has_a_server_of_its_own_importing_what_it_loads():
     assert {"torch", "transformers", "torch.onnx", "onnxscript", llama} <= set(servers[EXPORT_SERVER])
     assert phi3 not in servers[EXPORT_SERVER]
     assert not any(m.startswith("executorch") for m in servers[EXPORT_SERVER])
-    assert servers[bench_server("onnxruntime")] == ("numpy", "numpy.random", "onnxruntime", "onnx")
+    assert servers[bench_server("onnxruntime")] == ("numpy", "numpy.random", "onnxruntime", "onnx", "tasks.jobs")
+    assert servers[EXPORT_SERVER][-1] == "tasks.jobs"  # what a child unpickles its job from
     exports = {("onnx", "llama"), ("executorch", "phi3"), ("none", "llama")}
     benches = {("onnxruntime", "llama"), ("executorch", "phi3"), ("eager", "phi3"), ("compile", "llama")}
     every = fork_servers(exports, benches)
@@ -224,6 +225,16 @@ def test_each_runtime_has_a_server_of_its_own_importing_what_it_loads():
     assert "torch._dynamo" in every[bench_server("compile")] and "torch._dynamo" not in every[bench_server("eager")]
     assert not any(m.startswith("transformers.models") for m in every[bench_server("onnxruntime")])
     assert all(len(mods) == len(set(mods)) for mods in every.values())
+
+
+def test_an_onnx_runtime_benchmarks_server_holds_no_torch():
+    """Its preload, the job module included, imports neither torch nor transformers: a
+    benchmark's memory is the runtime's alone."""
+    mods = fork_servers({("onnx", "llama")}, {("onnxruntime", "llama")})[bench_server("onnxruntime")]
+    code = f"import importlib, sys; [importlib.import_module(m) for m in {list(mods)!r}]; " + (
+        "assert not {'torch', 'transformers'} & set(sys.modules), 'torch or transformers imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
 
 
 def test_a_server_being_started_makes_clients_wait_for_it(tmp_path, monkeypatch):
