@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.plan.config import ClusterCfg
-from orchestrator.plan.placement import bench_request
+from orchestrator.plan.placement import bench_request, export_request
 from orchestrator.run import reaper
 from orchestrator.run.scheduler import Scheduler
 
@@ -45,6 +45,19 @@ def _window():
         start = time.time()
         time.sleep(1.0)
         return start, time.time()
+
+    return window
+
+
+def _export_window():
+    """_window's, as an export task returns: (a result, its payload)."""
+    import ray
+
+    @ray.remote(max_calls=1)
+    def window(_spec, _timeout_s=None, _forks=None, _ship=None):
+        start = time.time()
+        time.sleep(1.0)
+        return SimpleNamespace(ok=True, span=(start, time.time())), None
 
     return window
 
@@ -90,6 +103,25 @@ def test_two_cpu_benchmarks_never_overlap(scheduler):
     assert sorted((kind, key) for kind, key, _ in done) == [("bench", "b0"), ("bench", "b1")]
     spans = sorted(result for _, _, result in done)
     assert len(spans) == 2 and spans[0][1] <= spans[1][0]
+
+
+def test_the_next_export_starts_before_an_exports_result_is_recorded_a_benchmark_only_after(scheduler, tmp_path):
+    """When an export ends, the next queued export is handed to Ray before the driver records
+    the result; a benchmark waits until the driver asks for more, so no recording runs beside it."""
+    sched, _ = scheduler
+    cap = sched.capacity
+    for i in range(3):
+        spec = SimpleNamespace(out_dir=str(tmp_path / f"e{i}"))  # no such cache entry: a task
+        sched.submit("export", f"e{i}", spec, export_request(cap, {}, weight_bytes=0, memory_factor=1.5, max_retries=0))
+    sched.submit("bench", "b", None, bench_request(cap, "cpu", 2, {}, weight_bytes=0, memory_factor=1.5, max_retries=0))
+    sched._remote["export"], sched._remote["bench"] = _export_window(), _window()
+    running_at = {}  # each export's key -> what ran when its result reached the caller
+    for kind, key, _ in sched.results():
+        if kind == "export":
+            running_at[key] = {f"{t.kind}:{t.key}" for t in sched.running.values()}
+    first, *_, last = running_at
+    assert first in ("e0", "e1") and "export:e2" in running_at[first]
+    assert "bench:b" not in running_at[last] and not sched.running and not sched.queue
 
 
 def test_the_bench_resource_alone_keeps_cpu_benchmarks_apart(scheduler):

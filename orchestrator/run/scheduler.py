@@ -294,13 +294,13 @@ class Scheduler:
         held = sum(t.request.options.get("num_cpus", 1) for t in self.running.values())
         return held + task.request.options.get("num_cpus", 1) <= max(self.capacity.total_cpus, 1)
 
-    def _start_queued(self) -> None:
+    def _start_queued(self, exports_only: bool = False) -> None:
         """Hand Ray only what can start now: a queued task's clock has not started.
         Exports start in order; benchmarks in random order."""
         if self.queue:
             self.forks.await_ready()
         exports = [t for t in self.queue if t.kind == "export"]
-        benches = [t for t in self.queue if t.kind != "export"]
+        benches = [] if exports_only else [t for t in self.queue if t.kind != "export"]
         self.rng.shuffle(benches)
         forks = str(self.forks.base) if self.forks.base else self.cluster.fork_server  # fork_hosts.fork_folder's
         for task in exports + benches:
@@ -357,6 +357,8 @@ class Scheduler:
                 if task.kind == "export" and result.ok and self.ship:
                     self.payloads[task.spec.out_dir] = task.payload
                 self._ended(task)
+                if task.kind == "export":  # the next export starts while the driver records this one;
+                    self._start_queued(exports_only=True)  # a benchmark waits for the driver to be idle
                 yield task.kind, task.key, result
             now = time.monotonic()
             limit = self.cluster.task_timeout_s + STARTUP_GRACE_S
