@@ -15,8 +15,6 @@ What each declares, in one place, with a default on the base:
   Options       a frozen dataclass of its typed options (backend.export_options / backend.options);
                 __post_init__ checks values and raises ConfigError
   PRELOAD       modules its fork server imports once (tasks/worker/forks.py)
-  MODELS        whether its work builds transformers models: its fork server then also imports
-                the modelling module of each family the plan holds (a format's always do)
   DTYPES        model.dtype values it handles, by device (DTYPE_NOTE: why not others)
   QUANTS        model.quant values it handles, by device (QUANT_NOTE: why not others, a str or
                 {device: str}); a format makes them, a runtime runs them
@@ -107,7 +105,6 @@ class Part:
     MEMORY_FACTOR: ClassVar[float] = 1.5
     Options: ClassVar[type] = NoOptions
     PRELOAD: ClassVar[tuple[str, ...]] = ()
-    MODELS: ClassVar[bool] = False
     DTYPES: ClassVar[Mapping[str, tuple[str, ...]]] = EVERY_DTYPE
     DTYPE_NOTE: ClassVar[str] = ""
     QUANTS: ClassVar[Mapping[str, tuple[str, ...]]] = NO_QUANT
@@ -202,10 +199,13 @@ class Runtime(Part):
     """A runtime: loads a format's artifact (or the graph itself) and runs it as a Session.
 
     A runtime runs whatever quantised model the file holds unless its QUANTS says otherwise.
-    PROFILER: the profiler its session's profile() uses (None: bench.profile=true is refused)."""
+    PROFILER: the profiler its session's profile() uses (None: bench.profile=true is refused).
+    MODELS: its load() builds transformers models, so its fork server also imports the modelling
+    module of each family it runs (the export server always does)."""
 
     QUANTS: ClassVar[Mapping[str, tuple[str, ...]]] = EVERY_QUANT
     PROFILER: ClassVar[str | None] = None
+    MODELS: ClassVar[bool] = False
 
     def load(self, spec: BenchSpec, meta: dict[str, Any], feeds: dict[str, np.ndarray]) -> Any:
         """A tasks.measure.session.Session on the export entry's artifact (meta["artifact"])."""
