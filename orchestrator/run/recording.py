@@ -119,11 +119,12 @@ def log_pair(tracker: Tracker, a: Outcome, b: Outcome, result: Any) -> dict[str,
 def log_summary(
     tracker: Tracker, parent: str, plan: Plan, outcomes: dict[str, Outcome], rows: list[dict], out_dir: Path,
     pairs: list[dict[str, str]] | None = None, plots: bool = True, notes: list[str] | None = None,
-    on_runtime: dict[str, dict[str, float]] | None = None,
+    on_runtime: dict[str, dict[str, float]] | None = None, command: str | None = None,
 ) -> str:
     """The sweep's summary (text, JSON, an MLflow table and the run's note) and, with `plots`,
     its plots; returns the text. `notes`: lines below the table (the code measured, alerts);
-    `on_runtime`: a captured application's timings on each runtime, by its prompt variant."""
+    `on_runtime`: a captured application's timings on each runtime, by its prompt variant;
+    `command`: the sweep's, at the head of the note."""
     text = table(rows) + ("\n\n" + "\n".join(notes) if notes else "")
     if pairs:  # hydra.launcher.pair: each pair timed interleaved
         tracker.log_dict(parent, pairs, "pairs.json")
@@ -150,8 +151,6 @@ def log_summary(
     for plot in drawn:  # latency.png at the root
         folder = plot.parent.relative_to(out_dir).as_posix()
         tracker.artifact(parent, plot, None if folder == "." else folder)
-    client = getattr(tracker, "client", None)  # MLflow's own; a test's tracker has none
-    command = client.get_run(parent).data.params.get("command") if client else None
     shown = tuple(plot.relative_to(out_dir).as_posix() for plot in drawn)
     tracker.log(parent, tags={"mlflow.note.content": sweep_note(command, rows, plots=shown, run_id=parent)})
     if rows:

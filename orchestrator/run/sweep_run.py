@@ -47,6 +47,7 @@ class SweepRun:
         self.pairs: dict[str, dict[str, Any]] = {}  # hydra.launcher.pair: candidate -> its pair's row
         self.loops: dict[str, AppLoopResult | None] = {}  # phase=captured: prompt variant -> its application on the runtime
         self.parent: str | None = None
+        self.command: str | None = None  # the sweep's command line, once its plan is recorded
         self.repeats: dict[str, list[BenchResult]] = {}  # variant -> results of its processes so far
         self.envs: dict[str, dict[str, str]] = {}  # variant -> its env.* tags: where it ran, library versions
         self.progress = Progress.of(plan)  # counts, ETA, and each ended variant's line
@@ -66,6 +67,7 @@ class SweepRun:
             say(f"  closed    {run.info.run_name}: left RUNNING, {why}")
 
     def record_plan(self, command: str, earlier: dict[str, Any] | None = None) -> None:
+        self.command = command
         self.revisions = Revisions(self.plan, search=(os.getcwd(),))  # git, once per sweep
         cfg = self.plan.point.tracking
         if cfg.baseline is not None and cfg.baseline_last() is None:  # a named baseline that is not there: before any run
@@ -360,6 +362,7 @@ class SweepRun:
         text = recording.log_summary(
             self.tracker, self.parent, self.plan, self.outcomes, summary_rows(outs), self.out_dir, pairs, plots, notes,
             {k: r.timings | {"tokens_agree": r.tokens_agree} for k, r in self.loops.items() if r is not None and r.ok},
+            self.command,
         )
         self.tracker.end(self.parent, "FAILED" if failed else "FINISHED")
         return text
