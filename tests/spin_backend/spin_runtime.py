@@ -83,6 +83,7 @@ class SpinRuntime(Runtime):
     # what its fork server imports once for its benchmarks (tasks/worker/forks.py): eager's, and
     # this module itself; without it each benchmark imported torch and transformers after its fork
     PRELOAD = (*EagerRuntime.PRELOAD, "spin_runtime")
+    MODELS = True  # it builds eager's models: its server imports the modelling modules of their families
     DTYPES = {"cpu": ("float32", "float16", "bfloat16")}  # model dtypes it runs, by device
     QUANTS = EagerRuntime.QUANTS  # eager's module, quantised as eager does
     Options = Options
