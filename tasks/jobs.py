@@ -196,7 +196,7 @@ def fork_servers(exports: Iterable[tuple[str, str]], benches: Iterable[tuple[str
     so a benchmark's process holds what a spawned one would and memory figures compare across
     runtimes; its families' modelling modules too where it builds models, Runtime.MODELS).
     Each imports this module last: a child unpickles its job (bench_job, _export_job) from here."""
-    servers = {}
+    servers, benches = {}, set(benches)
     if exports := sorted(set(exports)):
         export = ["torch", "transformers", *_modelling({family for _, family in exports})]
         for name in dict.fromkeys(fmt for fmt, _ in exports):
@@ -212,7 +212,7 @@ def fork_servers(exports: Iterable[tuple[str, str]], benches: Iterable[tuple[str
 
 def _modelling(families: Iterable[str]) -> list[str]:
     """transformers' modelling modules of these families (tasks/model/families.py)."""
-    return list(dict.fromkeys(FAMILIES[f].rotary_module for f in sorted(families) if f in FAMILIES))
+    return list(dict.fromkeys(FAMILIES[f].rotary_module for f in sorted(families)))
 
 
 def bench_in_fresh_process(spec: BenchSpec, timeout_s: float | None = None, forks: str | None = None) -> BenchResult:

@@ -296,7 +296,7 @@ class Scheduler:
 
     def _start_queued(self, exports_only: bool = False) -> None:
         """Hand Ray only what can start now: a queued task's clock has not started.
-        Exports start in order; benchmarks in random order."""
+        Exports start in order; benchmarks in random order (`exports_only`: none)."""
         if self.queue:
             self.forks.await_ready()
         exports = [t for t in self.queue if t.kind == "export"]
