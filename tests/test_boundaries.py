@@ -3,6 +3,7 @@
 - orchestrator/ never imports torch (nor transformers, onnxruntime, executorch): the
   driver validates and plans a whole grid with none of them loaded;
 - tasks/ never imports Ray, MLflow or Hydra;
+- a Ray worker loads the task entries without the driver's libraries (MLflow, Hydra, OmegaConf);
 - nothing outside a phase's own module branches on the phase's name.
 """
 
@@ -101,6 +102,19 @@ def test_registry_modules_import_without_torch():
         "for n in available('tasks.runtimes'): runtime_module(n)\n"
         "for n in phase_names(): phase_module(n)\n"
         f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {ACCELERATOR_STACK!r})\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_a_ray_worker_imports_the_task_entries_without_the_drivers_libraries():
+    """Every Ray worker imports orchestrator.run.entries (its tasks' functions) and, at its first
+    task, tasks.jobs: neither may load what only the driver needs (each worker would pay for it)."""
+    code = (
+        "import sys\n"
+        "import orchestrator.run.entries, tasks.jobs, tasks.worker.transfer\n"
+        f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {('mlflow', 'hydra', 'omegaconf', *ACCELERATOR_STACK)!r})\n"
         "assert not heavy, heavy\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.run.ray_session import root_cause
+from orchestrator.common.ray_env import root_cause
 from tasks.worker import forks
 from tasks.worker.forks import EXPORT_SERVER, ForkServerError
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import re
 import signal
 import socket
 import sys
@@ -28,7 +27,6 @@ log = logging.getLogger("phasesweep")
 LOCAL_START_ATTEMPTS = 3  # a raylet on a busy machine can miss Ray's fixed 30 s to register
 START_LOCK = "phasesweep-ray-start.lock"  # in the temp folder: one local start at a time per machine
 REACH_TIMEOUT_S = 10.0
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def import_ray_on_loopback() -> Any:
@@ -186,16 +184,6 @@ def shutdown(watchdog: reaper.Watchdog | None) -> None:
     finally:
         if watchdog is not None:
             watchdog.close()
-
-
-def root_cause(e: BaseException) -> tuple[str, str]:
-    """(one line naming the root cause, the full text) of a Ray error: a task's own
-    exception rather than Ray's coloured worker header."""
-    cause = getattr(e, "cause", None) or e
-    text = ANSI.sub("", str(cause)).strip()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    first = lines[-1] if cause is not e and lines else (lines[0] if lines else "")
-    return f"{type(cause).__name__}: {first}"[:500], ANSI.sub("", str(e))
 
 
 def restore_handlers(handlers: dict[int, Any]) -> None:

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.common.ray_env import root_cause
 from orchestrator.common.signals import Terminated, deferred
 from orchestrator.plan.config import ClusterCfg
 from orchestrator.plan.placement import Capacity, Request, capacity_of
 from orchestrator.run import entries, ray_session
 from orchestrator.run.fork_hosts import ForkServers
-from orchestrator.run.ray_session import root_cause
 from tasks.specs import Failure
 from tasks.worker.entries import MANIFEST, cached_export
 from tasks.worker.heap import imports_uncollected
