@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
@@ -17,6 +17,9 @@ from orchestrator.common.outcome import Outcome, Status
 from orchestrator.common.signals import Terminated, installed
 from orchestrator.plan.config import ConfigError
 from orchestrator.record.journal import ServerGone
+
+if TYPE_CHECKING:
+    from orchestrator.run.fork_hosts import ForkServers
 
 ALERT_EXIT = 3  # a variant worse than its baseline (tracking.baseline): CI fails on it
 
@@ -28,18 +31,20 @@ def run_or_exit(
     command: str,
     dry_run: bool = False,
     grid: dict[str, Any] | None = None,
+    forks: ForkServers | None = None,
 ) -> dict[int, Outcome]:
     """orchestrator.run.sweep.run_sweep, or SystemExit: 'phasesweep: <what is wrong>' for a bad config
     (or grid rule), 'phasesweep: N variant(s) failed: a, b' (status 1) when any variant failed,
     'phasesweep: ALERT: ...' (status ALERT_EXIT) when any variant alerted against tracking.baseline.
-    `grid`: the launcher's grid control (orchestrator.launcher.grid_settings)."""
+    `grid`: the launcher's grid control (orchestrator.launcher.grid_settings); `forks`: its fork
+    servers begun early (orchestrator.launcher.warm_forks)."""
     # MLflow sets up its own loggers when imported (INFO to stderr); the driver shows their warnings only
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     from orchestrator.run.sweep import run_sweep  # the driver loads when a run starts: sweep.py --help stays fast
 
     try:
         with installed():  # Ctrl-C and SIGTERM wait for a write to the store in flight (orchestrator.common.signals)
-            outcomes = run_sweep(configs, overrides, out_dir, command, dry_run=dry_run, grid=grid)
+            outcomes = run_sweep(configs, overrides, out_dir, command, dry_run=dry_run, grid=grid, forks=forks)
     except (ConfigError, ServerGone) as e:
         sys.exit(f"phasesweep: {e}")
     except KeyboardInterrupt:  # every open run is closed KILLED by now, Ray is shut down

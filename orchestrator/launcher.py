@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from orchestrator.entry import run_or_exit
 from orchestrator.plan.compose import JobConfigs
+from orchestrator.run.fork_hosts import ForkServers
 
 GROUPS = ("model", "phase", "backend", "device")  # what a grid rule's group key may name
 
@@ -55,6 +56,21 @@ def grid_settings(launcher: Any, loader: Any) -> dict[str, Any]:
     }
 
 
+def warm_forks(config: DictConfig, dry_run: bool) -> ForkServers | None:
+    """A local sweep's export server, begun before its jobs are composed (ForkServers.warm): it
+    imports torch and transformers while the driver composes, validates and plans. None for a dry
+    run, a cluster to join or cluster.fork_server=false, as the sweep's own config reads (the
+    cluster group is one for the whole sweep; a bad value is validation's to refuse, and the
+    server ends unused)."""
+    if dry_run or OmegaConf.select(config, "cluster.address", default=None, throw_on_resolution_failure=False) is not None:
+        return None
+    if OmegaConf.select(config, "cluster.fork_server", default=True, throw_on_resolution_failure=False) is not True:
+        return None
+    forks = ForkServers()
+    forks.warm()
+    return forks
+
+
 def launch(launcher: LauncherState, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
     setup_globals()
     config, hydra_context = launcher.config, launcher.hydra_context
@@ -66,19 +82,25 @@ def launch(launcher: LauncherState, job_overrides: Sequence[Sequence[str]], init
         config.hydra.runtime.output_dir = str(sweep_dir)
     configure_log(config.hydra.job_logging, config.hydra.verbose)
 
-    loader = hydra_context.config_loader
-    configs = JobConfigs(loader, config, job_overrides, initial_job_idx)
-    overrides = [list(filter_overrides(job)) for job in job_overrides]
-    command = " ".join(config.hydra.overrides.task) or "(defaults)"
-    # Every variant is recorded and summarised before this returns or exits.
-    outcomes = run_or_exit(
-        configs,
-        overrides,
-        sweep_dir,
-        f"python sweep.py -m {command}",
-        dry_run=launcher.dry_run,
-        grid=grid_settings(launcher, loader),
-    )
+    forks = warm_forks(config, launcher.dry_run)
+    try:
+        loader = hydra_context.config_loader
+        configs = JobConfigs(loader, config, job_overrides, initial_job_idx)
+        overrides = [list(filter_overrides(job)) for job in job_overrides]
+        command = " ".join(config.hydra.overrides.task) or "(defaults)"
+        # Every variant is recorded and summarised before this returns or exits.
+        outcomes = run_or_exit(
+            configs,
+            overrides,
+            sweep_dir,
+            f"python sweep.py -m {command}",
+            dry_run=launcher.dry_run,
+            grid=grid_settings(launcher, loader),
+            forks=forks,
+        )
+    finally:
+        if forks is not None:  # ended with the run's scheduler; here when a bad config stopped it first
+            forks.stop()
 
     returns = []
     task_name, working_dir = str(config.hydra.job.name), str(sweep_dir)  # read once, not per job

@@ -52,7 +52,7 @@ from tasks.worker.entries import (
     verify_entry,
     write_manifest,
 )
-from tasks.worker.forks import EXPORT_SERVER, bench_server, imported_since_fork
+from tasks.worker.forks import EXPORT_BASE, EXPORT_SERVER, bench_server, imported_since_fork
 from tasks.worker.fresh import failed, in_fresh_process
 
 # What this process has run: a benchmark reports it, so a test can prove no benchmark
@@ -191,14 +191,14 @@ def _release_memory() -> None:
 def fork_servers(exports: Iterable[tuple[str, str]], benches: Iterable[tuple[str, str]]) -> dict[str, tuple[str, ...]]:
     """The fork servers a plan needs on each node, by role, with what each imports once, from
     the (format, family) of each export to make and the (runtime, family) of each benchmark:
-    one for exports (torch, transformers, the modelling modules of its families, each format's
+    one for exports (EXPORT_BASE, the modelling modules of its families, each format's
     PRELOAD; none when every export is cached) and one per runtime (numpy and its PRELOAD only,
     so a benchmark's process holds what a spawned one would and memory figures compare across
     runtimes; its families' modelling modules too where it builds models, Runtime.MODELS).
     Each imports this module last: a child unpickles its job (bench_job, _export_job) from here."""
     servers, benches = {}, set(benches)
     if exports := sorted(set(exports)):
-        export = ["torch", "transformers", *_modelling({family for _, family in exports})]
+        export = [*EXPORT_BASE, *_modelling({family for _, family in exports})]
         for name in dict.fromkeys(fmt for fmt, _ in exports):
             export += format_module(name).PRELOAD
         servers[EXPORT_SERVER] = tuple(dict.fromkeys([*export, __name__]))

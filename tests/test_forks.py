@@ -6,9 +6,11 @@ mechanism (a sweep's own servers import torch & co.: tests/test_end_to_end.py)."
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -285,3 +287,68 @@ def test_a_server_that_goes_away_mid_job_fails_the_job_saying_so(server, tmp_pat
 def test_a_preload_that_fails_warns_with_its_name():
     with pytest.warns(UserWarning, match="cannot import no_such_module_of_phasesweep"):
         forks._preload(["json", "no_such_module_of_phasesweep"])
+
+
+def sys_modules_has(names):
+    return {name: name in sys.modules for name in names}
+
+
+def test_a_server_begun_with_more_to_come_imports_the_rest_before_it_listens(tmp_path, monkeypatch):
+    """A warm server (ForkServers.warm) imports its first modules, then waits for the rest its
+    starter writes once planned: no client is served before both are in."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    keeper = subprocess.Popen(["sleep", "600"])
+    folder = tmp_path / "forks"
+    try:
+        starting = forks.begin(folder, keeper.pid, ("json",), more=True)
+        assert not (folder / forks.SOCKET).exists()  # it waits for the rest
+        starting.preload(("csv", "yaml"))
+        starting.wait()
+        kind, had = forks.run(forks.connect(folder), sys_modules_has, ("json", "csv", "yaml"), 60)
+        assert kind == "result" and had == {"json": True, "csv": True, "yaml": True}
+    finally:
+        keeper.kill()
+        keeper.wait()
+
+
+def test_a_server_begun_with_more_to_come_ends_unused_and_takes_its_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    folder = tmp_path / "forks"
+    starting = forks.begin(folder, os.getpid(), ("json",), more=True)
+    starting.preload(None)
+    assert starting.proc.wait(timeout=60) == 0
+    starting.lock.close()
+    assert not folder.exists()
+
+
+def test_the_warm_export_server_is_the_one_the_plan_uses_or_it_ends(tmp_path, monkeypatch):
+    """ForkServers.warm begins the export server before the plan; start_local hands it the
+    plan's modules (the same process serves the exports), or ends it when no export is to be made."""
+    from orchestrator.run import fork_hosts
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setattr(fork_hosts, "EXPORT_BASE", ("json",))
+    short = tempfile.mkdtemp(prefix="fk", dir="/tmp")  # its socket's path within AF_UNIX's 107 characters
+    monkeypatch.setattr(tempfile, "tempdir", short)
+    used = fork_hosts.ForkServers()
+    used.warm()
+    warm = server_pid(used.base / EXPORT_SERVER)
+    try:
+        used.start_local({EXPORT_SERVER: ("json", "csv")})
+        used.await_ready()
+        folder = used.base / EXPORT_SERVER
+        assert server_pid(folder) == warm and forks.MORE in Path(f"/proc/{warm}/cmdline").read_text()
+        kind, had = forks.run(forks.connect(folder), sys_modules_has, ("json", "csv"), 60)
+        assert kind == "result" and had == {"json": True, "csv": True}
+    finally:
+        used.stop()
+    assert gone(warm)
+
+    unused = fork_hosts.ForkServers()
+    unused.warm()
+    folder = unused.base / EXPORT_SERVER
+    warm = server_pid(folder)
+    unused.start_local({})  # every export in the cache
+    assert gone(warm) and not folder.exists()
+    unused.stop()
+    shutil.rmtree(short)

@@ -3,6 +3,7 @@ single run and a sweep share, and the driver's logging; run_sweep is faked: no R
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from orchestrator.common.outcome import Outcome, Status
 from orchestrator.entry import run_or_exit
 from orchestrator.plan.config import ConfigError
 from tests.conftest import CONF, ROOT
+from tests.test_forks import gone
 
 
 @pytest.fixture
@@ -44,10 +46,13 @@ def fake_run_sweep(monkeypatch):
             self.returns: dict[int, Outcome] | None = None
             self.raises: Exception | None = None
 
-        def __call__(self, configs, overrides, out_dir, command, dry_run=False, grid=None):
+        def __call__(self, configs, overrides, out_dir, command, dry_run=False, grid=None, forks=None):
             self.calls.append(
-                dict(configs=configs, overrides=overrides, out_dir=out_dir, command=command, dry_run=dry_run, grid=grid)
+                dict(configs=configs, overrides=overrides, out_dir=out_dir, command=command, dry_run=dry_run, grid=grid, forks=forks)
             )
+            if forks is not None:  # the servers begun for it: this process's children serving its folder
+                found = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", f"tasks.worker.forks {forks.base}"], capture_output=True, text=True)
+                self.calls[-1].update(servers=[int(p) for p in found.stdout.split()], folder=forks.base)
             say(f"phasesweep: fake sweep of {len(configs)} config(s)")
             if self.raises is not None:
                 raise self.raises
@@ -188,3 +193,19 @@ def test_single_run_goes_through_the_same_path(sweep_app, fake_run_sweep, tmp_pa
     assert call["dry_run"] is False
     assert "phasesweep: fake sweep of 1 config(s)\n" in capsys.readouterr().out
     assert "phasesweep: fake sweep of 1 config(s)" in (run_dir / "sweep.log").read_text()
+
+
+def test_a_local_sweep_hands_run_sweep_an_export_server_begun_before_its_jobs_were_composed(sweep_app, fake_run_sweep, tmp_path):
+    """The export server imports torch and transformers while the driver composes and plans
+    (orchestrator.launcher.warm_forks); whatever run_sweep did, it is gone when launch returns."""
+    sweep_app("-m", "model=llama", f"hydra.sweep.dir={tmp_path}")
+    (call,) = fake_run_sweep.calls
+    (pid,) = call["servers"]  # this process's child, serving the folder run_sweep was handed
+    assert gone(pid) and not call["folder"].exists()
+
+
+@pytest.mark.parametrize("override", ["hydra.launcher.dry_run=true", "cluster=ray", "cluster.fork_server=false"])
+def test_a_dry_run_a_cluster_to_join_or_no_fork_servers_begins_no_server_early(sweep_app, fake_run_sweep, tmp_path, override):
+    fake_run_sweep.returns = {}
+    sweep_app("-m", "model=llama", f"hydra.sweep.dir={tmp_path}", override)
+    assert fake_run_sweep.calls[0]["forks"] is None

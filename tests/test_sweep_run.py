@@ -601,7 +601,7 @@ def _install(monkeypatch, tracker, sched):
     import orchestrator.run.sweep
 
     monkeypatch.setattr(orchestrator.run.sweep, "Tracker", lambda cfg, background=False: tracker)
-    monkeypatch.setattr(orchestrator.run.sweep, "Scheduler", lambda cluster: sched)
+    monkeypatch.setattr(orchestrator.run.sweep, "Scheduler", lambda cluster, forks=None: sched)
 
 
 def answer(tmp_path):

@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.common.ray_env import root_cause
 from tasks.worker import forks
-from tasks.worker.forks import EXPORT_SERVER, ForkServerError
+from tasks.worker.forks import EXPORT_BASE, EXPORT_SERVER, ForkServerError
 
 log = logging.getLogger("phasesweep")
 
@@ -77,19 +77,37 @@ class ForkServers:
         self._hosts: list[Any] = []  # the host actors, one per node
         self._hosts_ready: list[Any] = []
         self._folders: list[Path] = []  # the nodes' folders on this machine's temp folder
+        self._warm: Any = None  # the export server begun before the plan (warm()), until start_local
+        self._local = False  # start_local ran
 
     @property
     def started(self) -> bool:
-        return bool(self.base or self._hosts)
+        return self._local or bool(self._hosts)
+
+    def warm(self) -> None:
+        """Begin this driver's export server before the plan exists: it imports what every
+        export needs (EXPORT_BASE) while the driver composes, validates and plans; start_local
+        hands it the rest, or ends it when no export is to be made."""
+        self.base = fork_base(f"driver-{os.getpid()}", uuid.uuid4().hex)
+        self._warm = forks.begin(self.base / EXPORT_SERVER, os.getpid(), EXPORT_BASE, more=True)
+        if self._warm is not None:
+            self._servers.append(self._warm.proc)
 
     def start_local(self, servers: dict[str, tuple[str, ...]]) -> None:
         """This driver's servers, for a local Ray (before it starts, or beside its start)."""
-        self.base = fork_base(f"driver-{os.getpid()}", uuid.uuid4().hex)
+        self._local = True
+        self.base = self.base or fork_base(f"driver-{os.getpid()}", uuid.uuid4().hex)
         for role, mods in servers.items():
-            starting = forks.begin(self.base / role, os.getpid(), mods)
+            if role == EXPORT_SERVER and self._warm is not None:
+                self._warm.preload(tuple(m for m in mods if m not in EXPORT_BASE))
+                starting, self._warm = self._warm, None
+            else:
+                starting = forks.begin(self.base / role, os.getpid(), mods)
+                if starting is not None:
+                    self._servers.append(starting.proc)
             if starting is not None:
                 self._starting[role] = starting
-                self._servers.append(starting.proc)
+        self._drop_warm()  # every export is in the cache
         rest = [s for role, s in self._starting.items() if role != EXPORT_SERVER]
         self._starting = {r: s for r, s in self._starting.items() if r == EXPORT_SERVER}
         # a start that fails because stop() ended it is not worth a warning
@@ -97,6 +115,7 @@ class ForkServers:
 
     def start_on_nodes(self, servers: dict[str, tuple[str, ...]]) -> None:
         """A host actor on every alive node of the Ray this driver joined."""
+        self._drop_warm()  # begun for a local Ray: the nodes keep their own
         import ray  # lazy: ray, only once a run starts
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # lazy: ray, only once a run starts
 
@@ -109,6 +128,13 @@ class ForkServers:
                 actor = host.options(scheduling_strategy=where).remote(servers)
                 self._hosts.append(actor)
                 self._hosts_ready.append(actor.ready.remote())
+
+    def _drop_warm(self) -> None:
+        """The export server warm() began, not needed: it ends, and takes its folder with it."""
+        if self._warm is not None:
+            self._warm.preload(None)
+            self._warm.lock.close()
+            self._warm = None
 
     def await_ready(self) -> None:
         """Every export server ready, or failed (its tasks spawn their processes); once."""
@@ -136,6 +162,7 @@ class ForkServers:
     def stop(self) -> None:
         """End the driver's servers (their children, tasks' processes, end with them) and remove
         the servers' folders on this machine (Ray ends a node's servers before they could)."""
+        self._drop_warm()
         servers, self._servers = self._servers, []
         for proc in servers:
             proc.terminate()

@@ -113,7 +113,8 @@ def _wait(ray: Any, refs: list[Any]) -> list[Any]:
 
 
 class Scheduler:
-    def __init__(self, cluster: ClusterCfg, seed: int | None = None):
+    def __init__(self, cluster: ClusterCfg, seed: int | None = None, forks: ForkServers | None = None):
+        """`forks`: the sweep's fork servers when some began before the plan (ForkServers.warm)."""
         self.cluster = cluster
         # benchmarks start in random order (Google Benchmark's random interleaving): a variant's
         # repeats are spread across the sweep, not run back to back
@@ -130,7 +131,7 @@ class Scheduler:
         self.payloads: dict[str, Any] = {}  # export cache entry (as planned) -> its packed entry's ref
         self._readers: dict[str, int] = {}  # export cache entry -> benchmarks queued or running on it
         self._fetched: Path | None = None  # where the driver unpacks what it logs
-        self.forks = ForkServers()
+        self.forks = forks or ForkServers()
         self._node = ""  # the driver's node, once Ray runs
         # a local Ray offers what this machine does, measured now: the plan is made before Ray
         # starts, and Ray starts beside the fork servers' imports; a joined Ray's is read once joined

@@ -18,19 +18,22 @@ from orchestrator.plan.planner import Plan, make_plan
 from orchestrator.record.store import Store
 from orchestrator.record.tracking import Tracker
 from orchestrator.run.dry_run import say_dry_run, say_plan
+from orchestrator.run.fork_hosts import ForkServers
 from orchestrator.run.scheduler import Scheduler
 from orchestrator.run.sweep_run import SweepRun
 
 
 def run_sweep(
     configs: Sequence[DictConfig], overrides: list[list[str]], out_dir: Path, command: str,
-    dry_run: bool = False, grid: dict[str, Any] | None = None,
+    dry_run: bool = False, grid: dict[str, Any] | None = None, forks: ForkServers | None = None,
 ) -> dict[int, Any]:
     """Validate every config and the grid's rules, plan the grid on the cluster, run the
     exports and benchmarks, record them; returns each Hydra job's outcome by job index. Bad
     configs raise ConfigError before Ray starts and before any run exists. `dry_run` prints
     the plan and runs nothing: on a local cluster it starts no Ray (the plan is made for
-    this machine's capacity as a local Ray would see it) and it creates no MLflow store."""
+    this machine's capacity as a local Ray would see it) and it creates no MLflow store.
+    `forks`: fork servers begun before the configs were composed (ForkServers.warm); the
+    caller ends them when this raises before a scheduler holds them."""
     t0 = time.perf_counter()
     points = validate_all(configs, overrides)
     rules = grid_rules(**(grid or {}))
@@ -38,7 +41,7 @@ def run_sweep(
     store = None if dry_run else Store.checked(points[0].tracking)  # before any work: the plan carries it
     if not dry_run and cluster.address is None:  # a local Ray's tasks write this machine's export cache
         check_writable("cluster.export_cache", cluster.export_cache)
-    sched = Scheduler(cluster)  # a local Ray: planned on this machine as measured, started below
+    sched = Scheduler(cluster, forks=forks)  # a local Ray: planned on this machine as measured, started below
     try:  # a dry run plans the same way, for this machine or on a cluster joined and left, and runs no capture
         plan = plan_on(sched, points, configs, overrides, rules, store)
         say_plan(plan)
@@ -60,7 +63,8 @@ def run_sweep(
             earlier = reusable(plan, tracker, sched)
             if earlier is None:
                 run.measure(command)
-            else:  # every variant measured ok before: recorded as reused, no Ray started
+            else:  # every variant measured ok before: recorded as reused, no Ray started, no server needed
+                sched.forks.stop()
                 run.record_plan(command, earlier)
         except BaseException:
             sched.stop()

@@ -45,6 +45,8 @@ FORKED = False  # True in a child of a fork server (a benchmark records how its 
 _AT_FORK: frozenset[str] | None = None  # in a forked child: the modules it was forked with
 OWN_PACKAGES = frozenset({"tasks", "orchestrator", "hydra_plugins"})
 EXPORT_SERVER = "export"  # the role of the server exports fork from; benchmarks': bench_server(runtime)
+EXPORT_BASE = ("torch", "transformers")  # what every export imports first, whatever its format and families
+MORE = "--more"  # the server reads the rest of its preload from stdin: one line, or EOF when it is not needed
 
 
 def bench_server(runtime: str) -> str:
@@ -114,14 +116,22 @@ def _child(conn: Connection, job: bytes, listener: socket.socket, others: Iterab
     os._exit(code)
 
 
-def serve(folder: Path, watch_pid: int | None, preload: Iterable[str], idle_s: float = IDLE_S) -> None:
-    """Import `preload`, listen on folder/forks.sock, fork a child per connection; end when
+def serve(folder: Path, watch_pid: int | None, preload: Iterable[str], idle_s: float = IDLE_S, more: bool = False) -> None:
+    """Import `preload` (with `more`: then the modules of the line its starter writes to stdin,
+    or end at EOF), listen on folder/forks.sock, fork a child per connection; end when
     `watch_pid` ends or after `idle_s` without a task.
 
     The imports run with the cyclic collector off and are then frozen (tasks/worker/heap.py): the
     server starts faster, and a child's collections walk only the child's own objects."""
     with imports_uncollected():
         _preload(preload)
+        rest = sys.stdin.readline() if more else ""
+        if more and not rest:  # its starter did not need it after all
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        if more:  # its children read nothing from the starter's pipe, as from a spawned one's stdin
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        _preload(rest.split())
     path = folder / SOCKET
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -224,16 +234,26 @@ class Starting:
     """A server being started: its folder stays locked (clients that come wait for it)
     until `wait()` has seen it ready, or failed."""
 
-    def __init__(self, folder: Path, lock: Any, watch_pid: int, preload: tuple[str, ...]):
+    def __init__(self, folder: Path, lock: Any, watch_pid: int, preload: tuple[str, ...], more: bool = False):
         self.folder, self.lock = folder, lock
         # not in a session of its own: whoever ends this process tree ends it
-        cmd = [sys.executable, "-m", "tasks.worker.forks", str(folder), str(watch_pid), *preload]
+        cmd = [sys.executable, "-m", "tasks.worker.forks", str(folder), str(watch_pid), *([MORE] if more else []), *preload]
         root = Path(__file__).resolve().parent.parent  # this checkout's tasks/, also in a Ray job's working dir
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
         with (folder / "server.log").open("ab") as log:
             self.proc = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env, close_fds=True
+                cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE if more else subprocess.DEVNULL, env=env, close_fds=True
             )
+
+    def preload(self, modules: tuple[str, ...] | None) -> None:
+        """A server begun with more to come: what it imports next, before it listens; None: it
+        is not needed, and ends."""
+        try:
+            if modules is not None:
+                self.proc.stdin.write((" ".join(modules) + "\n").encode())
+            self.proc.stdin.close()
+        except OSError:  # it ended already: wait() says so
+            pass
 
     def wait(self) -> None:
         """Until the server has imported and listens; ForkServerError if it does not."""
@@ -256,9 +276,10 @@ class Starting:
             self.lock.close()  # frees the lock: waiting clients connect, or spawn
 
 
-def begin(folder: str | Path, watch_pid: int, preload: tuple[str, ...]) -> Starting | None:
+def begin(folder: str | Path, watch_pid: int, preload: tuple[str, ...], more: bool = False) -> Starting | None:
     """Start the server of `folder` unless one listens there (None then); `wait()` on what
-    this returns. It ends when `watch_pid` (the long-lived process that keeps it) ends."""
+    this returns. It ends when `watch_pid` (the long-lived process that keeps it) ends. With
+    `more`, it imports `preload`, then waits for the rest (Starting.preload) before it listens."""
     folder = _folder(folder)
     lock = (folder / LOCK).open("a")
     fcntl.flock(lock, fcntl.LOCK_EX)  # clients that come meanwhile wait for the start
@@ -268,7 +289,7 @@ def begin(folder: str | Path, watch_pid: int, preload: tuple[str, ...]) -> Start
         lock.close()
         return None
     try:
-        return Starting(folder, lock, watch_pid, preload)
+        return Starting(folder, lock, watch_pid, preload, more)
     except BaseException:
         lock.close()
         raise
@@ -322,4 +343,5 @@ if __name__ == "__main__":
     manage_process()  # its imports frozen for its children (serve)
 
     _folder, _watch, *_modules = sys.argv[1:]
-    _this.serve(Path(_folder), int(_watch) or None, _modules)
+    _more = _modules[:1] == [MORE]
+    _this.serve(Path(_folder), int(_watch) or None, _modules[_more:], more=_more)
