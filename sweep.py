@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-from tasks.worker.heap import manage_process
+from tasks.worker.heap import ending, manage_process
 
 manage_process()  # the driver's process is phasesweep's own: before the imports below register exit handlers
 try:  # `kill -USR1 PID`: every thread's stack on stderr, the sweep going on
@@ -43,7 +43,12 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     text = fast_help(sys.argv[1:], Path(__file__).resolve().parent / "conf", "sweep", Path(__file__).stem)
-    if text is None:
-        main()
-    else:
-        print(text)
+    try:
+        if text is None:
+            main()
+        else:
+            print(text)
+    except SystemExit as e:  # Hydra's and ours: the status, its message printed as Python prints it
+        ending(e.code)
+        raise
+    ending(0)

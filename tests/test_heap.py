@@ -86,3 +86,36 @@ def test_a_managed_process_skips_the_heap_walk_at_exit():
     assert gc_at_exit.split() == ["done", "collected", "at", "exit"]
     skipped = ends_with("import gc; gc.disable()", "from tasks.worker.heap import manage_process", "manage_process()")
     assert skipped.split() == ["done"]  # frozen after the exit handlers: never walked, never finalized
+
+
+def ends(*code: str) -> subprocess.CompletedProcess:
+    """A managed Python process that runs `code` holding, in a module of its own, an object whose
+    __del__ (run when the interpreter's teardown clears the modules) and an exit handler each
+    print a line."""
+    program = "\n".join(
+        [
+            "import atexit, os, sys, types",
+            f"sys.path.insert(0, {str(ROOT)!r})",
+            "from tasks.worker.heap import ending, manage_process",
+            "manage_process()",
+            "class Held:",
+            "    def __del__(self):",
+            "        os.write(1, b'torn down\\n')",
+            "sys.modules['held'] = types.ModuleType('held')",
+            "sys.modules['held'].it = Held()",
+            "atexit.register(lambda: print('exit handler', flush=True))",
+            *code,
+        ]
+    )
+    return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+
+
+def test_a_process_that_said_its_work_is_done_runs_its_exit_handlers_and_skips_the_teardown():
+    plain = ends("sys.exit(3)")
+    assert (plain.returncode, plain.stdout.split("\n")[:2]) == (3, ["exit handler", "torn down"])
+    done = ends("print('work', end='')", "ending(3)", "sys.exit(3)")
+    assert (done.returncode, done.stdout) == (3, "workexit handler\n")  # flushed, handled, not torn down
+    said = ends("ending('phasesweep: 1 variant(s) failed: a')", "sys.exit('phasesweep: 1 variant(s) failed: a')")
+    assert (said.returncode, said.stderr, said.stdout) == (1, "phasesweep: 1 variant(s) failed: a\n", "exit handler\n")
+    ok = ends("ending(None)")
+    assert (ok.returncode, ok.stdout) == (0, "exit handler\n")
