@@ -77,7 +77,7 @@ class ForkServers:
         self._hosts: list[Any] = []  # the host actors, one per node
         self._hosts_ready: list[Any] = []
         self._folders: list[Path] = []  # the nodes' folders on this machine's temp folder
-        self._warm: Any = None  # the export server begun before the plan (warm()), until start_local
+        self._warm: forks.Starting | None = None  # the export server begun before the plan (warm()), until start_local
         self._local = False  # start_local ran
 
     @property
