@@ -98,15 +98,13 @@ class ForkServers:
         self._local = True
         self.base = self.base or fork_base(f"driver-{os.getpid()}", uuid.uuid4().hex)
         for role, mods in servers.items():
-            if role == EXPORT_SERVER and self._warm is not None:
-                self._warm.preload(tuple(m for m in mods if m not in EXPORT_BASE))
+            if role == EXPORT_SERVER and self._warm is not None:  # its process is among _servers already
                 starting, self._warm = self._warm, None
-            else:
-                starting = forks.begin(self.base / role, os.getpid(), mods)
-                if starting is not None:
-                    self._servers.append(starting.proc)
-            if starting is not None:
+                starting.preload(tuple(m for m in mods if m not in EXPORT_BASE))
                 self._starting[role] = starting
+            elif (starting := forks.begin(self.base / role, os.getpid(), mods)) is not None:
+                self._starting[role] = starting
+                self._servers.append(starting.proc)
         self._drop_warm()  # every export is in the cache
         rest = [s for role, s in self._starting.items() if role != EXPORT_SERVER]
         self._starting = {r: s for r, s in self._starting.items() if r == EXPORT_SERVER}

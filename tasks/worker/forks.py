@@ -125,13 +125,13 @@ def serve(folder: Path, watch_pid: int | None, preload: Iterable[str], idle_s: f
     server starts faster, and a child's collections walk only the child's own objects."""
     with imports_uncollected():
         _preload(preload)
-        rest = sys.stdin.readline() if more else ""
-        if more and not rest:  # its starter did not need it after all
-            shutil.rmtree(folder, ignore_errors=True)
-            return
-        if more:  # its children read nothing from the starter's pipe, as from a spawned one's stdin
-            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        _preload(rest.split())
+        if more:
+            rest = sys.stdin.readline()
+            if not rest:  # its starter did not need it after all
+                shutil.rmtree(folder, ignore_errors=True)
+                return
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # its children's stdin, as a spawned one's
+            _preload(rest.split())
     path = folder / SOCKET
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
