@@ -19,31 +19,37 @@ try:  # `kill -USR1 PID`: every thread's stack on stderr, the sweep going on
     faulthandler.register(signal.SIGUSR1, all_threads=True)
 except (AttributeError, OSError):  # a stderr that is no file (sweep.py run inside pytest's capture, a notebook)
     pass
-import hydra  # noqa: E402
-from hydra.core.global_hydra import GlobalHydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-
-from orchestrator.help import fast_help  # noqa: E402
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="sweep")
-def main(cfg: DictConfig) -> None:
-    from orchestrator.entry import run_or_exit  # the driver's modules load for a run, not for --help
-    from orchestrator.launcher import grid_settings
+def main() -> None:
+    """Hydra's app, run inside the exit path below."""
+    # lazy: inside that exit path, a Ctrl-C while Hydra loads is one line, not a traceback
+    import hydra
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig
 
-    hc = HydraConfig.get()
-    overrides = list(hc.overrides.task)
-    command = f"python sweep.py {' '.join(overrides)}"
-    grid = grid_settings(hc.launcher, GlobalHydra.instance().config_loader())  # hydra.launcher.exclude/include/...
-    run_or_exit(
-        [cfg], [overrides], Path(hc.runtime.output_dir), command, dry_run=bool(hc.launcher.get("dry_run")), grid=grid
-    )
+    @hydra.main(version_base="1.3", config_path="conf", config_name="sweep")
+    def app(cfg: DictConfig) -> None:
+        from orchestrator.entry import run_or_exit  # the driver's modules load for a run, not for --help
+        from orchestrator.launcher import grid_settings
+
+        hc = HydraConfig.get()
+        overrides = list(hc.overrides.task)
+        command = f"python sweep.py {' '.join(overrides)}"
+        grid = grid_settings(hc.launcher, GlobalHydra.instance().config_loader())  # hydra.launcher.exclude/include/...
+        run_or_exit(
+            [cfg], [overrides], Path(hc.runtime.output_dir), command, dry_run=bool(hc.launcher.get("dry_run")), grid=grid
+        )
+
+    app()
 
 
 if __name__ == "__main__":
-    text = fast_help(sys.argv[1:], Path(__file__).resolve().parent / "conf", "sweep", Path(__file__).stem)
     try:
+        from orchestrator.help import fast_help
+
+        text = fast_help(sys.argv[1:], Path(__file__).resolve().parent / "conf", "sweep", Path(__file__).stem)
         if text is None:
             main()
         else:
@@ -51,4 +57,8 @@ if __name__ == "__main__":
     except SystemExit as e:  # Hydra's and ours: the status, its message printed as Python prints it
         ending(e.code)
         raise
+    except KeyboardInterrupt:  # before the run's own handling (orchestrator/entry.py), or after it ended
+        print("phasesweep: interrupted (SIGINT); no run was open", file=sys.stderr)
+        ending(130)
+        sys.exit(130)
     ending(0)

@@ -204,6 +204,39 @@ def test_a_local_sweep_hands_run_sweep_an_export_server_begun_before_its_jobs_we
     assert gone(pid) and not call["folder"].exists()
 
 
+@pytest.mark.parametrize("when", ["starting", "composing"])
+def test_a_ctrl_c_before_the_run_began_is_one_line_and_leaves_no_server(sweep_app, monkeypatch, tmp_path, capsys, when):
+    """Ctrl-C before orchestrator.entry's own handling: while Hydra starts (sweep.py's imports,
+    its help check) or while the jobs are composed, after the export server was begun for them.
+    Status 130, one line, no traceback; the server ends with the driver's exit path."""
+    import orchestrator.help
+    import orchestrator.launcher
+
+    servers: list[int] = []
+    warm = orchestrator.launcher.warm_forks
+
+    def warmed(config, dry_run):
+        forks = warm(config, dry_run)
+        found = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", f"tasks.worker.forks {forks.base}"], capture_output=True, text=True)
+        servers.extend(int(p) for p in found.stdout.split())
+        return forks
+
+    def interrupted(*args, **kwargs):  # where Python's handler would raise it
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(orchestrator.launcher, "warm_forks", warmed)
+    if when == "starting":
+        monkeypatch.setattr(orchestrator.help, "fast_help", interrupted)
+    else:
+        monkeypatch.setattr(orchestrator.launcher, "JobConfigs", interrupted)
+    with pytest.raises(SystemExit) as ended:
+        sweep_app("-m", "model=llama", f"hydra.sweep.dir={tmp_path}")
+    assert ended.value.code == 130
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "phasesweep: interrupted (SIGINT); no run was open" and "Traceback" not in err
+    assert len(servers) == (1 if when == "composing" else 0) and all(gone(pid) for pid in servers)
+
+
 @pytest.mark.parametrize("override", ["hydra.launcher.dry_run=true", "cluster=ray", "cluster.fork_server=false"])
 def test_a_dry_run_a_cluster_to_join_or_no_fork_servers_begins_no_server_early(sweep_app, fake_run_sweep, tmp_path, override):
     fake_run_sweep.returns = {}
