@@ -34,6 +34,12 @@ def hydra_cfg():
     GlobalHydra.instance().clear()
 
 
+def servers_of(forks) -> list[int]:
+    """The pids of the fork servers `forks` began: this process's children serving its folder."""
+    found = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", f"tasks.worker.forks {forks.base}"], capture_output=True, text=True)
+    return [int(p) for p in found.stdout.split()]
+
+
 @pytest.fixture
 def fake_run_sweep(monkeypatch):
     """Replaces orchestrator.run.sweep.run_sweep: `fake.returns` (or `fake.raises`) is what it does;
@@ -50,9 +56,8 @@ def fake_run_sweep(monkeypatch):
             self.calls.append(
                 dict(configs=configs, overrides=overrides, out_dir=out_dir, command=command, dry_run=dry_run, grid=grid, forks=forks)
             )
-            if forks is not None:  # the servers begun for it: this process's children serving its folder
-                found = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", f"tasks.worker.forks {forks.base}"], capture_output=True, text=True)
-                self.calls[-1].update(servers=[int(p) for p in found.stdout.split()], folder=forks.base)
+            if forks is not None:  # the servers begun for it
+                self.calls[-1].update(servers=servers_of(forks), folder=forks.base)
             say(f"phasesweep: fake sweep of {len(configs)} config(s)")
             if self.raises is not None:
                 raise self.raises
@@ -217,8 +222,7 @@ def test_a_ctrl_c_before_the_run_began_is_one_line_and_leaves_no_server(sweep_ap
 
     def warmed(config, dry_run):
         forks = warm(config, dry_run)
-        found = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", f"tasks.worker.forks {forks.base}"], capture_output=True, text=True)
-        servers.extend(int(p) for p in found.stdout.split())
+        servers.extend(servers_of(forks))
         return forks
 
     def interrupted(*args, **kwargs):  # where Python's handler would raise it
