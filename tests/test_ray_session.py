@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.common import ray_env
-from orchestrator.run import ray_session
+from orchestrator.run import ray_folders, ray_session
 from tests.conftest import ROOT
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -42,7 +43,7 @@ def folders(monkeypatch, tmp_path):
     """Each start's temp folder made under tmp_path."""
     import tempfile
 
-    monkeypatch.setattr(ray_session, "temp_folder", lambda: tempfile.mkdtemp(dir=tmp_path))
+    monkeypatch.setattr(ray_folders, "new_folder", lambda: tempfile.mkdtemp(dir=tmp_path))
 
 
 def _ended(procs: list[subprocess.Popen], timeout: float = 30) -> bool:
@@ -110,12 +111,12 @@ def test_a_local_rays_temp_folder_fits_its_socket_paths(monkeypatch, tmp_path):
     deep = tmp_path / ("d" * 80)
     deep.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(deep))  # a TMPDIR too long for AF_UNIX paths
-    folder = ray_session.temp_folder()
+    folder = ray_folders.new_folder()
     try:
         assert folder.startswith("/tmp/") and os.path.isdir(folder)
         assert len(folder) + ray_env.RAY_SOCKET_TAIL <= ray_env.SOCKET_PATH_MAX
     finally:
-        os.rmdir(folder)
+        shutil.rmtree(folder)
 
 
 def test_ray_imported_before_the_environment_still_has_the_switches_phasesweep_sets():

@@ -16,11 +16,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from orchestrator.common.ray_env import LOCAL_ENV, socket_safe
+from orchestrator.common.ray_env import LOCAL_ENV
 from orchestrator.common.signals import Terminated
 from orchestrator.plan.config import ClusterCfg, ConfigError
 from orchestrator.plan.placement import BENCH_RESOURCE, Capacity
-from orchestrator.run import reaper
+from orchestrator.run import ray_folders, reaper
 
 log = logging.getLogger("phasesweep")
 
@@ -133,7 +133,7 @@ def start_local(init: Callable[[str], Any], attempts: int = LOCAL_START_ATTEMPTS
     since = reaper.start_time(os.getpid()) or 0
     attempt = 1
     while True:
-        folder = temp_folder()
+        folder = ray_folders.new_folder()
         try:
             return init(folder)
         except BaseException as e:
@@ -144,14 +144,6 @@ def start_local(init: Callable[[str], Any], attempts: int = LOCAL_START_ATTEMPTS
             first = (str(e).strip().splitlines() or [""])[0][:200]
             again = f"ended the {len(ended)} process(es) it had started, starting it again ({attempt} of {attempts})"
             log.warning("the local Ray did not start (%s: %s); %s", type(e).__name__, first, again)
-
-
-def temp_folder() -> str:
-    """A new folder for a local Ray's files (its sessions, logs, sockets), in a per-user folder
-    of the machine's temp folder, or of /tmp where that is too long for Ray's socket paths."""
-    root = socket_safe(Path(tempfile.gettempdir()) / f"phasesweep-ray-{os.getuid()}", len("/12345678"))
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return tempfile.mkdtemp(dir=root)
 
 
 @contextmanager
@@ -170,7 +162,7 @@ def one_start_at_a_time() -> Iterator[None]:
 
 def shutdown(watchdog: reaper.Watchdog | None) -> None:
     """ray.shutdown(), the driver's signal handlers kept (Ray resets SIGTERM's OS action); then
-    the watchdog ends whatever of a local Ray is left, and exits."""
+    the watchdog ends whatever of a local Ray is left, and exits; then its folders' turn."""
     ray = sys.modules.get("ray")
     try:
         if ray is not None and ray.is_initialized():
@@ -184,6 +176,17 @@ def shutdown(watchdog: reaper.Watchdog | None) -> None:
     finally:
         if watchdog is not None:
             watchdog.close()
+            folders_stopped()
+
+
+def folders_stopped() -> None:
+    """ray_folders.stopped() once a local Ray has stopped (beside the summary): its folder's lock
+    released and old folders removed; a failure to is logged, never raised."""
+    try:
+        if removed := ray_folders.stopped():
+            log.debug("removed %d old local Ray folder(s) from %s", len(removed), ray_folders.root())
+    except OSError as e:
+        log.debug("old local Ray folders not removed: %s", e)
 
 
 def restore_handlers(handlers: dict[int, Any]) -> None:
