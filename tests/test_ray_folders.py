@@ -76,8 +76,9 @@ def test_a_missing_root_prunes_nothing(monkeypatch, tmp_path):
     assert ray_folders.prune() == []
 
 
-def test_a_stopped_local_ray_removes_the_old_folders(base):
+def test_a_stopped_local_ray_removes_the_old_folders(base, monkeypatch):
     """ray_session.shutdown: once the local Ray's watchdog has ended, the old folders go."""
+    monkeypatch.delitem(sys.modules, "ray", raising=False)  # a Ray another test runs here is not ended
     old = [_folder(base, 1000 + i) for i in range(ray_folders.KEEP + 2)]
     closed = []
     ray_session.shutdown(SimpleNamespace(close=lambda: closed.append(True), end_autoscaler=lambda: []))
