@@ -5,6 +5,7 @@ mechanism (a sweep's own servers import torch & co.: tests/test_end_to_end.py)."
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -351,4 +352,63 @@ def test_the_warm_export_server_is_the_one_the_plan_uses_or_it_ends(tmp_path, mo
     unused.start_local({})  # every export in the cache
     assert gone(warm) and not folder.exists()
     unused.stop()
+    shutil.rmtree(short)
+
+
+def aged(*folders: Path, hours: float = 2.0) -> None:
+    """Their modification time set `hours` back: older than forks.STALE_S."""
+    past = time.time() - hours * 3600
+    for folder in folders:
+        os.utime(folder, (past, past))
+
+
+def killed_at_once(folder: Path, monkeypatch) -> None:
+    """A server started in `folder`, then killed with its keeper at once (as SIGKILL to their
+    process group would): neither can remove the folder, whose socket and log stay."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    keeper = subprocess.Popen(["sleep", "600"])
+    forks.start(folder, keeper.pid, ("json",))
+    pid = server_pid(folder)
+    for p in (pid, keeper.pid):
+        os.kill(p, signal.SIGKILL)
+    keeper.wait()
+    assert gone(pid) and (folder / forks.SOCKET).exists() and (folder / "server.log").exists()
+
+
+def test_the_folders_servers_killed_with_their_driver_left_are_removed_and_no_other(server, tmp_path, monkeypatch):
+    parent = tmp_path / "p"
+    dead, fresh, starting = parent / "d1" / "r", parent / "d2" / "r", parent / "d3" / "r"
+    killed_at_once(dead, monkeypatch)
+    killed_at_once(fresh, monkeypatch)
+    starting.mkdir(parents=True)
+    lock = (starting / forks.LOCK).open("a")
+    fcntl.flock(lock, fcntl.LOCK_EX)  # a server being started holds it
+    live, _ = server
+    serving = server_pid(live)
+    shutil.move(live, parent / "d4")  # a live server, its folder moved where the others are
+    live = parent / "d4"
+    aged(dead, dead.parent, starting, starting.parent, live.parent)
+
+    assert forks.remove_dead(parent) == [dead.parent]
+    assert not dead.parent.exists()
+    assert fresh.exists() and starting.exists() and live.exists()  # changed within STALE_S; starting; listening
+    kind, pid = forks.run(forks.connect(live), whoami, None, 60)
+    assert kind == "result" and pid["parent"] == serving  # the probe left it serving
+    lock.close()
+    assert forks.remove_dead(parent) == [starting.parent]  # its start ended without a server
+    aged(fresh.parent)
+    assert forks.remove_dead(parent) == [fresh.parent]
+    assert forks.remove_dead(tmp_path / "missing") == []
+
+
+def test_a_sweeps_stop_removes_what_servers_killed_with_their_driver_left(tmp_path, monkeypatch):
+    from orchestrator.run import fork_hosts
+
+    short = tempfile.mkdtemp(prefix="fk", dir="/tmp")  # the sockets' paths within AF_UNIX's 107 characters
+    monkeypatch.setattr(tempfile, "tempdir", short)
+    dead = fork_hosts.fork_base("driver-1", "0" * 32) / EXPORT_SERVER
+    killed_at_once(dead, monkeypatch)
+    aged(dead, dead.parent)
+    fork_hosts.ForkServers().stop()
+    assert not dead.parent.exists()
     shutil.rmtree(short)

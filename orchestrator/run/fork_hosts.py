@@ -23,9 +23,14 @@ log = logging.getLogger("phasesweep")
 FORK_SERVER_START_S = 180.0  # a node's fork server imports torch, transformers, ONNX, ExecuTorch
 
 
+def fork_root() -> Path:
+    """This user's fork servers' folders, in this machine's temp folder."""
+    return Path(tempfile.gettempdir()) / f"phasesweep-forks-{os.getuid()}"
+
+
 def fork_base(job_id: str, node_id: str) -> Path:
     """Where a node's fork servers of a Ray job keep their sockets and logs."""
-    return Path(tempfile.gettempdir()) / f"phasesweep-forks-{os.getuid()}" / f"{job_id}-{node_id[:16]}"
+    return fork_root() / f"{job_id}-{node_id[:16]}"
 
 
 def fork_folder(forks: bool | str, role: str) -> str | None:
@@ -159,7 +164,8 @@ class ForkServers:
 
     def stop(self) -> None:
         """End the driver's servers (their children, tasks' processes, end with them) and remove
-        the servers' folders on this machine (Ray ends a node's servers before they could)."""
+        the servers' folders on this machine (Ray ends a node's servers before they could), and
+        those that servers killed with their driver left (forks.remove_dead)."""
         self._drop_warm()
         servers, self._servers = self._servers, []
         for proc in servers:
@@ -174,3 +180,4 @@ class ForkServers:
         self.base, self._folders = None, []
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
+        forks.remove_dead(fork_root())

@@ -41,6 +41,7 @@ READY = "ready"  # the line the server prints once it has imported and listens
 IDLE_S = 600.0  # a server without a task this long ends (a job on a cluster that outlives it)
 START_TIMEOUT_S = 180.0  # imports on a busy node
 POLL_S = 0.5
+STALE_S = 3600.0  # remove_dead leaves a folder changed this recently: a new one's servers, a dead one's server.log
 FORKED = False  # True in a child of a fork server (a benchmark records how its process started)
 _AT_FORK: frozenset[str] | None = None  # in a forked child: the modules it was forked with
 OWN_PACKAGES = frozenset({"tasks", "orchestrator", "hydra_plugins"})
@@ -293,6 +294,43 @@ def begin(folder: str | Path, watch_pid: int, preload: tuple[str, ...], more: bo
     except BaseException:
         lock.close()
         raise
+
+
+def remove_dead(parent: Path, stale_s: float = STALE_S) -> list[Path]:
+    """Remove the folders under `parent` (one per driver, or per Ray job and node) whose every
+    server is gone; returns them. A server killed at once with its driver (SIGKILL to their
+    process group) cannot remove its own folder: a later sweep's stop does. A folder changed in
+    the last `stale_s` stays: its servers may be about to start."""
+    try:
+        bases = [Path(e.path) for e in os.scandir(parent) if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
+    removed = []
+    for base in bases:
+        try:
+            if time.time() - base.stat().st_mtime < stale_s:
+                continue
+            for role in [Path(e.path) for e in os.scandir(base) if e.is_dir(follow_symlinks=False)]:
+                _remove_if_dead(role)
+            base.rmdir()  # only once empty: a server that lives, or starts, keeps it
+        except OSError:  # not empty, or removed meanwhile by another sweep's stop
+            continue
+        removed.append(base)
+    return removed
+
+
+def _remove_if_dead(folder: Path) -> None:
+    """Remove a server's folder unless its server starts (holds the lock) or listens."""
+    with (folder / LOCK).open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # starting
+            return
+        conn = _connect(folder / SOCKET)
+        if conn is not None:
+            conn.close()  # the server reads no job and goes on
+            return
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def start(folder: str | Path, watch_pid: int, preload: tuple[str, ...]) -> None:
