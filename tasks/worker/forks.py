@@ -303,7 +303,7 @@ def remove_dead(parent: Path, stale_s: float = STALE_S) -> list[Path]:
     the last `stale_s` stays: its servers may be about to start."""
     try:
         bases = [Path(e.path) for e in os.scandir(parent) if e.is_dir(follow_symlinks=False)]
-    except FileNotFoundError:
+    except OSError:  # none yet, or not this user's to read: nothing to remove
         return []
     removed = []
     for base in bases:
