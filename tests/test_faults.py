@@ -332,6 +332,36 @@ def test_a_signal_closes_every_run_in_one_line(tmp_path, mlflow_db, cache_overri
     assert left == [], f"processes of the signalled sweep outlived it: {left}"
 
 
+@pytest.mark.slow
+def test_a_dead_raylet_fails_its_variants_and_the_sweep_ends_in_one_line(tmp_path, mlflow_db):
+    """The local Ray's raylet killed (as an out-of-memory kill would) while an export runs:
+    every variant fails with its cause, the sweep's run ends FAILED, the driver's last line is
+    its own, and nothing of the sweep is left. (Ray's core worker ends its process at its next
+    call once its raylet has died: the driver, mid summary, makes none.)"""
+    uri = mlflow_db(tmp_path)
+    cache = f"cluster.export_cache={tmp_path / 'cache'}"  # an export of its own, to be killed during
+    sweep = Sweep(tmp_path, "-m", *SPIN_GRID, cache, "backend.options.spin_us=0,1")
+    try:
+        raylet = None
+        while sweep.proc.poll() is None and raylet is None:  # the moment a Ray worker runs the export
+            session = [(int(e.split()[0]), e.split(None, 1)[1]) for e in in_session(sweep.proc.pid)]
+            if any(cmdline(pid).startswith("ray::export_entry") for pid, _ in session):
+                raylet = next(pid for pid, comm in session if comm == "raylet")
+            time.sleep(0.02)
+        assert raylet is not None, sweep.text()[-4000:]
+        os.kill(raylet, signal.SIGKILL)
+        code = sweep.finish(timeout=180)
+    finally:
+        left = sweep.leftovers()
+    assert code == 1, sweep.text()[-4000:]
+    assert message(sweep.stderr).startswith("phasesweep: 2 variant(s) failed"), sweep.text()[-4000:]
+    assert "core worker has already been shutdown" not in sweep.stderr
+    runs = all_runs(uri)
+    assert {r.info.status for r in runs} == {"FAILED"}, [(r.info.run_name, r.info.status) for r in runs]
+    assert all("LocalRayletDiedError" in r.data.tags["error"] for r in variant_runs(uri).values())
+    assert left == [], f"processes of the sweep outlived it: {left}"
+
+
 # -- bad input, refused before any work ----------------------------------------------------
 
 BAD = {  # case -> (overrides, what the one line names)

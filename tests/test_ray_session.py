@@ -192,3 +192,29 @@ def test_sigterm_inside_ray_init_leaves_as_the_drivers_terminated(monkeypatch):
     monkeypatch.setattr(ray_session, "start_local", init_meets_sigterm)
     with pytest.raises(Terminated):
         ray_session.start(ClusterCfg(), capacity())
+
+
+def _fake_ray(calls: list[str]) -> SimpleNamespace:
+    return SimpleNamespace(is_initialized=lambda: True, shutdown=lambda: calls.append("ray.shutdown"))
+
+
+@pytest.mark.parametrize("raylet_gone", [False, True])
+def test_a_dead_raylets_ray_is_ended_by_its_watchdog_without_ray_shutdown(monkeypatch, raylet_gone):
+    """Once the local raylet has died, Ray's core worker ends the driver at its next call: the
+    shutdown makes none, takes ray.shutdown off the exit handlers, and the watchdog ends the
+    rest. A live raylet's Ray is shut down as always."""
+    import atexit
+
+    calls: list[str] = []
+    ray = _fake_ray(calls)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setattr(atexit, "unregister", lambda fn: calls.append("unregister " + ("ray.shutdown" if fn is ray.shutdown else "?")))
+    monkeypatch.setattr(ray_folders, "stopped", lambda: [])
+    watchdog = SimpleNamespace(
+        raylet_gone=lambda: raylet_gone, end_autoscaler=lambda: calls.append("end_autoscaler"), close=lambda: calls.append("close")
+    )
+    ray_session.shutdown(watchdog)
+    if raylet_gone:
+        assert calls == ["unregister ray.shutdown", "close"]
+    else:
+        assert calls == ["end_autoscaler", "ray.shutdown", "close"]

@@ -197,6 +197,14 @@ def test_the_local_rays_autoscaler_monitor_is_found_by_the_name_its_shutdown_end
     assert session.live(), "the rest of the local Ray goes on"
 
 
+def test_the_local_rays_raylet_is_found_by_the_name_its_shutdown_looks_for(scheduler):
+    """reaper.RAYLET: while the raylet runs, the shutdown calls ray.shutdown(). A renamed raylet
+    fails here, rather than every sweep taking its Ray for dead and skipping the shutdown."""
+    sched, _ = scheduler
+    assert len(sched.watchdog.session.running(reaper.RAYLET)) == 1
+    assert not sched.watchdog.raylet_gone()
+
+
 def test_ctrl_c_waits_for_the_local_rays_start_to_end(monkeypatch, default_sigint):
     """An interrupt inside ray.init can leave a driver core worker that no ray.shutdown reaches,
     whose thread crashes the interpreter's exit: it is raised once the start has returned, its

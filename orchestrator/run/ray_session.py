@@ -3,6 +3,7 @@ cluster; end it. Only public Ray switches, but one guarded fallback for a Ray im
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import logging
 import os
@@ -165,14 +166,21 @@ def shutdown(watchdog: reaper.Watchdog | None) -> None:
     the watchdog ends whatever of a local Ray is left, and exits; then its folders' turn."""
     ray = sys.modules.get("ray")
     try:
-        if ray is not None and ray.is_initialized():
-            handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-            if watchdog is not None:  # a local Ray's: its monitor would cost the shutdown 1 s
-                watchdog.end_autoscaler()
-            try:
-                ray.shutdown()
-            finally:
-                restore_handlers(handlers)
+        if ray is None or not ray.is_initialized():
+            return
+        if watchdog is not None and watchdog.raylet_gone():
+            # Ray's core worker ends this process at its next call once its raylet has died, mid
+            # summary: no call, at exit neither (Ray's exit handler); the watchdog ends the rest
+            atexit.unregister(ray.shutdown)
+            log.debug("the local Ray's raylet died: its processes are ended without ray.shutdown()")
+            return
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        if watchdog is not None:  # a local Ray's: its monitor would cost the shutdown 1 s
+            watchdog.end_autoscaler()
+        try:
+            ray.shutdown()
+        finally:
+            restore_handlers(handlers)
     finally:
         if watchdog is not None:
             watchdog.close()

@@ -29,6 +29,7 @@ RAY_TITLES = ("ray::", "ray-dashboard-")
 LOG_NAME = "phasesweep_reaper.log"  # under <session>/logs, written only when something was ended
 # Ray's autoscaler monitor, by its script (tests/test_scheduler.py finds it in a live local Ray)
 AUTOSCALER_MONITOR = re.compile(r"/ray/autoscaler/_private/monitor\.py$")
+RAYLET = re.compile(r"/ray/core/src/ray/raylet/raylet$")
 
 
 def start_time(pid: int) -> int | None:
@@ -149,6 +150,10 @@ class Watchdog:
         timeout on it at every shutdown. A local Ray of fixed size has no use for it. Returns
         the pids ended (none when Ray names the monitor otherwise: the shutdown waits then)."""
         return [pid for pid in self.session.running(AUTOSCALER_MONITOR) if self.session.signal(pid, signal.SIGKILL)]
+
+    def raylet_gone(self) -> bool:
+        """Whether the local Ray's raylet has died (killed, out of memory) while the driver ran."""
+        return not self.session.running(RAYLET)
 
     def close(self) -> None:
         """After ray.shutdown(): the watchdog ends any straggler, then exits; waited for while
